@@ -1,0 +1,5 @@
+"""``python -m polygym`` is the ``gym`` command."""
+
+from polygym.cli import main
+
+main()

@@ -1,0 +1,26 @@
+"""The ``gym`` command: ``gym env ...``, ``gym eval ...`` and friends.
+
+Every group suggests the closest command on a typo (click already does so for options), so a
+mistyped command costs a glance instead of a trip to ``--help``.
+"""
+
+from __future__ import annotations
+
+import click
+
+from polygym import __version__
+from polygym.cli.base import SuggestingGroup
+from polygym.cli.env import env
+
+
+@click.group(cls=SuggestingGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", "-V", prog_name="polygym")
+def gym() -> None:
+    """polygym: train and evaluate LLM policies on many environments at once."""
+
+
+gym.add_command(env)
+
+
+def main() -> None:
+    gym(prog_name="gym")

@@ -1,0 +1,84 @@
+"""Pieces every command group shares: did-you-mean groups, selector flags, config loading, the loop.
+
+Selectors (``--resources-server``, ``--model-type``, ``--config``) are repeatable and every file
+they name is merged, in that order, then ``key=value`` overrides from the command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import click
+
+from polygym.catalog import selector_paths
+from polygym.config import ConfigError, StackConfig, load_config
+from polygym.suggest import unknown_name_message
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class SuggestingGroup(click.Group):
+    """A click group whose unknown-command error names the closest command."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            raise click.UsageError(unknown_name_message("command", name, self.list_commands(ctx)), ctx)
+        return super().resolve_command(ctx, args)
+
+
+def selector_options(func: F) -> F:
+    """Add the repeatable selector flags and trailing ``key=value`` overrides to a command."""
+    func = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")(func)
+    func = click.option(
+        "--config", "configs", multiple=True, metavar="PATH", help="A config file to merge (repeatable)."
+    )(func)
+    func = click.option(
+        "--model-type",
+        "model_types",
+        multiple=True,
+        metavar="TYPE",
+        help="Merge responses_api_models/TYPE/configs/TYPE.yaml (repeatable).",
+    )(func)
+    func = click.option(
+        "--resources-server",
+        "resources_servers",
+        multiple=True,
+        metavar="NAME",
+        help="Merge resources_servers/NAME/configs/NAME.yaml (repeatable).",
+    )(func)
+    return func
+
+
+def load_stack_config(
+    resources_servers: tuple[str, ...], model_types: tuple[str, ...], configs: tuple[str, ...], overrides: tuple[str, ...]
+) -> StackConfig:
+    """Resolve selectors and load the merged config, exiting with every problem listed."""
+    try:
+        paths = selector_paths(list(resources_servers), list(model_types), list(configs))
+        if not paths:
+            raise ConfigError(["nothing selected: pass --resources-server NAME, --model-type TYPE or --config PATH"])
+        return load_config(paths, list(overrides))
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+
+
+def fail(message: str, code: int = EXIT_FAILURE) -> Any:
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(code)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on uvloop when available (faster HTTP), else asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)

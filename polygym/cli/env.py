@@ -1,0 +1,200 @@
+"""``gym env``: start, inspect, stop and resolve stacks of servers."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from typing import Any
+
+import click
+import orjson
+import psutil
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from polygym import stacks
+from polygym.cli.base import EXIT_FAILURE, SuggestingGroup, fail, load_stack_config, run_async, selector_options
+from polygym.client import ServerCallError, ServerClient
+from polygym.config import ConfigError
+from polygym.launcher import BACKENDS, LaunchError, Stack
+from polygym.retry import NO_RETRY
+from polygym.suggest import unknown_name_message
+
+DEFAULT_BACKEND = "inline"
+
+
+@click.group(cls=SuggestingGroup)
+def env() -> None:
+    """Start, inspect and stop stacks of environments, agents and model servers."""
+
+
+def server_table(servers: list[dict[str, Any]], title: str, health: dict[str, str] | None = None) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("name", "kind", "implementation", "url", *(["health"] if health is not None else [])):
+        table.add_column(column)
+    for entry in servers:
+        row = [entry["name"], entry["kind"], entry["implementation"], entry["url"]]
+        if health is not None:
+            status = health.get(entry["name"], "?")
+            row.append(f"[green]{status}[/]" if status.startswith("ok") else f"[red]{status}[/]")
+        table.add_row(*row)
+    return table
+
+
+@env.command("start")
+@selector_options
+@click.option("--backend", type=click.Choice(sorted(BACKENDS)), default=DEFAULT_BACKEND, show_default=True,
+              help="inline: one process, in-process calls; subprocess: one process per server.")
+@click.option("--head-host", default="127.0.0.1", show_default=True, help="Address of the head server.")
+@click.option("--head-port", type=int, default=None,
+              help="Port of the head server [default: 11000, or any free port if taken].")
+def start(
+    resources_servers: tuple[str, ...],
+    model_types: tuple[str, ...],
+    configs: tuple[str, ...],
+    overrides: tuple[str, ...],
+    backend: str,
+    head_host: str,
+    head_port: int | None,
+) -> None:
+    """Start every server of the merged config in the foreground; Ctrl-C stops them all.
+
+    \b
+    Example:
+      gym env start --model-type openai_model \\
+          --resources-server example_single_tool_call --resources-server example_multi_step
+    """
+    config = load_stack_config(resources_servers, model_types, configs, overrides)
+    code = run_async(_serve_foreground(Stack(config, backend, head_host, head_port)))
+    sys.exit(code)
+
+
+async def _serve_foreground(stack: Stack) -> int:
+    """Run until Ctrl-C/SIGTERM (exit 0) or until a server dies (exit 1, the rest stopped)."""
+    console = Console()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stack.start()
+    except (LaunchError, ConfigError) as exc:
+        console.print(f"[red]error:[/] could not start the stack: {exc}", highlight=False)
+        return EXIT_FAILURE
+    console.print(server_table(stack.servers(), f"polygym stack {stack.stack_id} ({stack.backend.name} backend)"))
+    console.print(
+        f"[bold green]ready:[/] {len(stack.servers())} servers up in {stack.started_in_s:.2f}s; "
+        f"head server {stack.head_url}. Press Ctrl-C to stop.",
+        highlight=False,
+    )
+    failure_task = asyncio.ensure_future(stack.wait_failure())
+    stop_task = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([failure_task, stop_task], return_when=asyncio.FIRST_COMPLETED)
+    stop_task.cancel()
+    code = 0
+    if failure_task.done():
+        failure = failure_task.result()
+        console.print(f"[red]error:[/] {failure.message}", highlight=False)
+        console.print("stopping the other servers...")
+        code = EXIT_FAILURE
+    else:
+        failure_task.cancel()
+    began = time.perf_counter()
+    await stack.stop()
+    console.print(f"stopped {len(stack.config.servers)} servers in {time.perf_counter() - began:.2f}s")
+    return code
+
+
+async def _health(servers: list[dict[str, Any]]) -> dict[str, str]:
+    client = ServerClient(pool_size=64)
+    try:
+
+        async def probe(entry: dict[str, Any]) -> tuple[str, str]:
+            try:
+                reply = await client.request_url("GET", entry["url"] + "/", timeout_s=2.0, retry=NO_RETRY)
+            except ServerCallError as exc:
+                return entry["name"], f"down ({exc.error_class})"
+            if reply.status != 200:
+                return entry["name"], f"unhealthy (HTTP {reply.status})"
+            sessions = (reply.json() or {}).get("sessions")
+            return entry["name"], f"ok, {sessions['active']} sessions" if sessions else "ok"
+
+        return dict(await asyncio.gather(*(probe(e) for e in servers)))
+    finally:
+        await client.close()
+
+
+@env.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def status(as_json: bool) -> None:
+    """List running stacks, their servers and each server's health."""
+    records = stacks.list_stacks()
+    for record in records:
+        record["health"] = run_async(_health(record["servers"]))
+    if as_json:
+        click.echo(orjson.dumps(records, option=orjson.OPT_INDENT_2).decode())
+        return
+    console = Console()
+    if not records:
+        console.print("no running polygym stacks")
+        return
+    for record in records:
+        title = (
+            f"stack {record['stack_id']} (pid {record['pid']}, {record['backend']} backend, "
+            f"head {record['head_url']})"
+        )
+        console.print(server_table(record["servers"], title, record["health"]))
+
+
+def _select(stack_id: str | None, stop_all: bool) -> list[dict[str, Any]]:
+    records = stacks.list_stacks()
+    if stack_id:
+        chosen = [r for r in records if r["stack_id"] == stack_id]
+        if not chosen:
+            fail(unknown_name_message("stack", stack_id, [r["stack_id"] for r in records]))
+        return chosen
+    if len(records) > 1 and not stop_all:
+        ids = ", ".join(r["stack_id"] for r in records)
+        fail(f"{len(records)} stacks are running ({ids}); pass --stack ID or --all")
+    return records
+
+
+@env.command("stop")
+@click.option("--stack", "stack_id", default=None, help="Stack id (see gym env status).")
+@click.option("--all", "stop_all", is_flag=True, help="Stop every running stack.")
+@click.option("--timeout", "timeout_s", default=15.0, show_default=True, help="Seconds to wait for a clean stop.")
+def stop(stack_id: str | None, stop_all: bool, timeout_s: float) -> None:
+    """Stop a running stack started by ``gym env start`` (SIGTERM to its launcher)."""
+    records = _select(stack_id, stop_all)
+    if not records:
+        click.echo("no running polygym stacks")
+        return
+    for record in records:
+        _stop_launcher(record, timeout_s)
+
+
+def _stop_launcher(record: dict[str, Any], timeout_s: float) -> None:
+    try:
+        proc = psutil.Process(int(record["pid"]))
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout_s)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        fail(f"stack {record['stack_id']} (pid {record['pid']}) did not stop within {timeout_s:g}s")
+    stacks.remove_stack(record["stack_id"])
+    click.echo(f"stopped stack {record['stack_id']} ({len(record['servers'])} servers)")
+
+
+@env.command("resolve")
+@selector_options
+def resolve(
+    resources_servers: tuple[str, ...], model_types: tuple[str, ...], configs: tuple[str, ...], overrides: tuple[str, ...]
+) -> None:
+    """Print the merged, interpolated config with secrets masked."""
+    config = load_stack_config(resources_servers, model_types, configs, overrides)
+    click.echo(yaml.safe_dump(config.to_dict(mask_secrets=True), sort_keys=False), nl=False)
+

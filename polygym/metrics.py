@@ -1,0 +1,131 @@
+"""Aggregate metrics over verified rollouts, in NeMo Gym's ``_aggregate_metrics.json`` shape.
+
+One entry per agent holds ``agent_metrics`` (every statistic), ``key_metrics`` (the few numbers a
+person looks at first) and ``group_level_metrics`` (one row per task). pass@k uses the unbiased
+estimator 1 - C(n-c, k) / C(n, k) over the n rollouts of each task, which is what papers report;
+the naive "any of the first k" estimate is biased and depends on rollout order.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, defaultdict
+from typing import Any
+
+TASK_FIELD = "_ng_task_index"
+SKIP_FIELDS = frozenset({"_ng_task_index", "_ng_rollout_index"})
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased probability that at least one of k samples drawn from n (c correct) is correct."""
+    if k > n:
+        raise ValueError(f"k={k} exceeds the number of samples n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def k_values(n: int) -> list[int]:
+    """The k reported for groups of n: powers of two below n, and n itself."""
+    ks = [1]
+    while ks[-1] * 2 < n:
+        ks.append(ks[-1] * 2)
+    if n > 1:
+        ks.append(n)
+    return ks
+
+
+def numeric_fields(rollout: dict[str, Any]) -> dict[str, float]:
+    """Top-level numeric verifier fields plus token usage, the values worth summarising."""
+    values = {
+        key: float(value)
+        for key, value in rollout.items()
+        if key not in SKIP_FIELDS and isinstance(value, int | float) and math.isfinite(value)
+    }
+    usage = (rollout.get("response") or {}).get("usage") if isinstance(rollout.get("response"), dict) else None
+    for key in ("input_tokens", "output_tokens", "total_tokens"):
+        if isinstance(usage, dict) and isinstance(usage.get(key), int | float):
+            values[f"usage/{key}"] = float(usage[key])
+    return values
+
+
+def describe(values: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+        "median": statistics.median(values),
+    }
+
+
+def field_statistics(rollouts: list[dict[str, Any]]) -> dict[str, float]:
+    """``mean/<field>``, ``std/<field>``... for every numeric field seen in any rollout."""
+    by_field: dict[str, list[float]] = defaultdict(list)
+    for rollout in rollouts:
+        for key, value in numeric_fields(rollout).items():
+            by_field[key].append(value)
+    out: dict[str, float] = {}
+    for key in sorted(by_field):
+        for stat, value in describe(by_field[key]).items():
+            out[f"{stat}/{key}"] = value
+    return out
+
+
+def majority_correct(answers: list[tuple[Any, bool]]) -> float:
+    """1.0 when the most common answer (ties: first seen) was a correct one."""
+    counts = Counter(a for a, _ in answers if a is not None)
+    if not counts:
+        return 0.0
+    top = counts.most_common(1)[0][0]
+    return 1.0 if any(ok for a, ok in answers if a == top) else 0.0
+
+
+def group_metrics(
+    rollouts: list[dict[str, Any]], pass_threshold: float = 1.0, answer_field: str | None = None
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """pass@k, pass@1[avg-of-k] and majority@k over tasks, plus one summary row per task."""
+    groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for rollout in rollouts:
+        groups[rollout.get(TASK_FIELD)].append(rollout)
+    sums: dict[str, list[float]] = defaultdict(list)
+    rows = []
+    for task, members in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0])):
+        n = len(members)
+        correct = [float(r.get("reward", 0.0)) >= pass_threshold for r in members]
+        c = sum(correct)
+        row: dict[str, Any] = {TASK_FIELD: task, "num_rollouts": n, "num_correct": c}
+        row["mean/reward"] = statistics.fmean(float(r.get("reward", 0.0)) for r in members)
+        for k in k_values(n):
+            row[f"pass@{k}"] = pass_at_k(n, c, k)
+        row["pass@1[avg-of-k]"] = c / n
+        if answer_field is not None:
+            answers = [(r.get(answer_field), ok) for r, ok in zip(members, correct, strict=True)]
+            row[f"majority@{n}"] = majority_correct(answers)
+        for key, value in row.items():
+            if "@" in key:
+                sums[key].append(value)
+        rows.append(row)
+    summary = {key: statistics.fmean(values) for key, values in sums.items() if len(values) == len(groups)}
+    return summary, rows
+
+
+def aggregate(
+    rollouts: list[dict[str, Any]], pass_threshold: float = 1.0, answer_field: str | None = None
+) -> dict[str, Any]:
+    """The metrics block of one agent: ``agent_metrics``, ``key_metrics``, ``group_level_metrics``."""
+    if not rollouts:
+        return {"agent_metrics": {"num_rollouts": 0}, "key_metrics": {"num_rollouts": 0}, "group_level_metrics": []}
+    agent_metrics: dict[str, Any] = {"num_rollouts": len(rollouts), "num_tasks": 0}
+    agent_metrics.update(field_statistics(rollouts))
+    summary, rows = group_metrics(rollouts, pass_threshold, answer_field)
+    agent_metrics["num_tasks"] = len(rows)
+    agent_metrics.update(summary)
+    key_metrics = {
+        key: value
+        for key, value in agent_metrics.items()
+        if key in ("num_rollouts", "mean/reward", "std/reward", "mean/usage/total_tokens")
+        or key.startswith(("pass@", "majority@"))
+    }
+    return {"agent_metrics": agent_metrics, "key_metrics": key_metrics, "group_level_metrics": rows}

@@ -1,0 +1,55 @@
+"""Base class for model servers: one OpenAI-style interface in front of any policy.
+
+Bodies stay plain dicts: a model server mostly forwards or converts payloads, and validating a
+long conversation at every hop would cost more than the rest of the hop.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from polygym.protocol import MODEL_KIND
+from polygym.server import BaseServer, HTTPError, json_endpoint, json_response
+
+
+class ModelServer(BaseServer):
+    """Subclasses implement ``responses`` and ``chat_completions`` (dict in, dict or Response out)."""
+
+    kind: ClassVar[str] = MODEL_KIND
+
+    @property
+    def model_name(self) -> str:
+        return str(getattr(self.config, "model", None) or self.name)
+
+    async def responses(self, body: dict[str, Any]) -> dict[str, Any] | Response:
+        raise HTTPError(404, f"{type(self).__name__} does not serve /v1/responses", "not_supported")
+
+    async def chat_completions(self, body: dict[str, Any]) -> dict[str, Any] | Response:
+        raise HTTPError(404, f"{type(self).__name__} does not serve /v1/chat/completions", "not_supported")
+
+    def routes(self) -> list[Route]:
+        return [
+            *super().routes(),
+            Route("/v1/responses", json_endpoint(self._responses), methods=["POST"]),
+            Route("/v1/chat/completions", json_endpoint(self._chat), methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+        ]
+
+    async def _responses(self, body: Any, request: Request) -> Any:
+        return await self.responses(_require_object(body))
+
+    async def _chat(self, body: Any, request: Request) -> Any:
+        return await self.chat_completions(_require_object(body))
+
+    async def _models(self, request: Request) -> Response:
+        return json_response({"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "polygym"}]})
+
+
+def _require_object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise HTTPError(400, "request body must be a JSON object", "invalid_request")
+    return body

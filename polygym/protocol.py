@@ -1,0 +1,218 @@
+"""Wire formats shared by every polygym server: OpenAI Responses objects and the verify contract.
+
+The models are deliberately permissive (``extra="allow"``): dataset rows and responses carry fields
+polygym does not know about (verifier inputs, provider extensions, training token ids), and
+DESIGN §3 requires unknown fields to pass through untouched. Output items stay plain dicts inside
+``Response.output`` so that forwarding a response costs no re-validation; typed access goes through
+the small helpers below.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+AGENT_KIND = "responses_api_agents"
+RESOURCES_KIND = "resources_servers"
+MODEL_KIND = "responses_api_models"
+SERVER_KINDS = (RESOURCES_KIND, AGENT_KIND, MODEL_KIND)
+
+TRAINING_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+
+class OpenModel(BaseModel):
+    """Base for wire models: keeps unknown fields so rows round-trip unchanged."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ResponsesCreateParams(OpenModel):
+    """The body of ``POST /v1/responses`` (OpenAI Responses create parameters)."""
+
+    input: str | list[dict[str, Any]]
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    model: str | None = None
+    instructions: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    parallel_tool_calls: bool | None = None
+    tool_choice: Any = None
+    metadata: dict[str, Any] | None = None
+
+
+class Usage(OpenModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    """A parsed ``function_call`` output item; ``arguments`` is None when the JSON was invalid."""
+
+    name: str
+    call_id: str
+    raw_arguments: str
+    arguments: dict[str, Any] | None
+
+
+class Response(OpenModel):
+    """An OpenAI Responses object; ``output`` items are dicts (message, function_call, ...)."""
+
+    id: str = ""
+    object: str = "response"
+    created_at: float = 0
+    model: str = ""
+    status: str = "completed"
+    output: list[dict[str, Any]] = Field(default_factory=list)
+    usage: Usage | None = None
+
+    def output_text(self) -> str:
+        """Text of the last assistant message, the model's final answer."""
+        return output_text(self.output)
+
+    def function_calls(self) -> list[FunctionCall]:
+        return function_calls(self.output)
+
+
+class VerifyRequest(OpenModel):
+    """A finished rollout sent to ``POST /verify``: the dataset row plus the model's response.
+
+    Environments subclass this to declare the row fields their verifier needs; missing ones then
+    get a 422 naming the field instead of a KeyError deep inside the verifier.
+    """
+
+    responses_create_params: ResponsesCreateParams
+    response: Response
+
+
+class VerifyResponse(VerifyRequest):
+    """The verify result: the request echoed back plus ``reward`` and any verifier fields."""
+
+    reward: float
+
+
+class SeedSessionRequest(OpenModel):
+    """Body of ``POST /seed_session``: the dataset row, so environments can set up per-task state."""
+
+
+class AggregateMetricsRequest(OpenModel):
+    """Body of ``POST /aggregate_metrics``: verified rollouts of one agent."""
+
+    rollouts: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def message_item(text: str, role: str = "assistant") -> dict[str, Any]:
+    """An assistant ``message`` output item holding one ``output_text`` part."""
+    return {
+        "type": "message",
+        "id": new_id("msg"),
+        "role": role,
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def function_call_item(name: str, arguments: str | dict[str, Any], call_id: str | None = None) -> dict[str, Any]:
+    raw = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+    return {
+        "type": "function_call",
+        "id": new_id("fc"),
+        "call_id": call_id or new_id("call"),
+        "name": name,
+        "arguments": raw,
+        "status": "completed",
+    }
+
+
+def function_call_output_item(call_id: str, output: str) -> dict[str, Any]:
+    return {"type": "function_call_output", "call_id": call_id, "output": output}
+
+
+def new_response(
+    output: list[dict[str, Any]],
+    model: str,
+    usage: dict[str, int] | None = None,
+    status: str = "completed",
+    **extra: Any,
+) -> dict[str, Any]:
+    """A Responses object as a plain dict, ready to serialize."""
+    body: dict[str, Any] = {
+        "id": new_id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "status": status,
+        "output": output,
+        "usage": usage or {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
+    }
+    body.update(extra)
+    return body
+
+
+def output_text(items: list[dict[str, Any]]) -> str:
+    """Concatenated ``output_text`` of the last assistant message in ``items`` ('' if none)."""
+    for item in reversed(items):
+        if item.get("type") == "message" and item.get("role", "assistant") == "assistant":
+            parts = item.get("content") or []
+            if isinstance(parts, str):
+                return parts
+            return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+    return ""
+
+
+def function_calls(items: list[dict[str, Any]]) -> list[FunctionCall]:
+    """Every ``function_call`` item in order, with arguments parsed when they are a JSON object."""
+    calls = []
+    for item in items:
+        if item.get("type") != "function_call":
+            continue
+        raw = item.get("arguments") or ""
+        try:
+            parsed = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            parsed = None
+        calls.append(
+            FunctionCall(
+                name=str(item.get("name", "")),
+                call_id=str(item.get("call_id", "")),
+                raw_arguments=raw,
+                arguments=parsed if isinstance(parsed, dict) else None,
+            )
+        )
+    return calls
+
+
+def input_items(params: ResponsesCreateParams | dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's ``input`` as a list of items (a bare string becomes one user message)."""
+    raw = params.input if isinstance(params, ResponsesCreateParams) else params.get("input", [])
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    return list(raw)
+
+
+def item_text(item: dict[str, Any]) -> str:
+    """Plain text of an input or output message item, whatever content shape it uses."""
+    content = item.get("content", "")
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+def sum_usage(usages: list[dict[str, Any] | None]) -> dict[str, int]:
+    """Add token usage over model calls (one rollout has several)."""
+    total = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+    for usage in usages:
+        for key in total:
+            total[key] += int((usage or {}).get(key) or 0)
+    return total
