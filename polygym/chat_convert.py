@@ -100,7 +100,9 @@ def item_type(item: dict[str, Any]) -> str:
     return str(item.get("type") or ("message" if "role" in item else ""))
 
 
-def input_to_messages(input_: str | list[dict[str, Any]], instructions: str | None = None) -> list[dict[str, Any]]:
+def input_to_messages(
+    input_: str | list[dict[str, Any]], instructions: str | None = None
+) -> list[dict[str, Any]]:
     """Responses ``input`` (+ ``instructions``) -> Chat ``messages``.
 
     Consecutive function calls (and an assistant message just before them) become one assistant
@@ -187,7 +189,9 @@ def tools_to_chat(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
         if "function" in tool:  # already in Chat form
             converted.append(tool)
             continue
-        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        function = {
+            k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None
+        }
         converted.append({"type": "function", "function": function})
     return converted
 
@@ -295,14 +299,20 @@ def chat_completion_to_response(completion: dict[str, Any], model: str | None = 
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
         output.append(
-            {"type": "reasoning", "id": new_id("rs"), "summary": [{"type": "summary_text", "text": reasoning}]}
+            {
+                "type": "reasoning",
+                "id": new_id("rs"),
+                "summary": [{"type": "summary_text", "text": reasoning}],
+            }
         )
     text = content_text(message.get("content"))
     if text:
         output.append(message_item(text))
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        output.append(function_call_item(function.get("name", ""), function.get("arguments") or "{}", call.get("id")))
+        output.append(
+            function_call_item(function.get("name", ""), function.get("arguments") or "{}", call.get("id"))
+        )
     extra: dict[str, Any] = {}
     status = "completed"
     if choice.get("finish_reason") == "length":

@@ -21,6 +21,7 @@ from polygym.retry import RetryPolicy
 from polygym.suggest import unknown_name_message
 
 DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_RETRY = RetryPolicy()
 
 
 class ServerCallError(Exception):
@@ -81,7 +82,9 @@ def error_detail(body: bytes, limit: int = 2000) -> str:
 class ServerClient:
     """Name-resolving JSON client shared by everything in one process."""
 
-    def __init__(self, head_url: str | None = None, pool_size: int = 1024, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(
+        self, head_url: str | None = None, pool_size: int = 1024, timeout_s: float = DEFAULT_TIMEOUT_S
+    ):
         self.head_url = head_url.rstrip("/") if head_url else None
         self.pool_size = pool_size
         self.timeout_s = timeout_s
@@ -114,7 +117,9 @@ class ServerClient:
             for entry in await self.servers():
                 self._addresses[entry["name"]] = entry["url"].rstrip("/")
         if name not in self._addresses:
-            raise UnknownServerError(name, unknown_name_message("server", name, self._addresses), None, "UnknownServer")
+            raise UnknownServerError(
+                name, unknown_name_message("server", name, self._addresses), None, "UnknownServer"
+            )
         return self._addresses[name]
 
     # -- calls -------------------------------------------------------------------------------
@@ -126,7 +131,7 @@ class ServerClient:
         *,
         cookies: dict[str, str] | None = None,
         timeout_s: float | None = None,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         method: str = "POST",
     ) -> Reply:
         """Call ``path`` on server ``name``; raises ServerCallError unless the status is 2xx."""
@@ -166,7 +171,9 @@ class ServerClient:
                 status, resp_headers, resp_body = await asgi_request(app, method, path, body, headers)
             return Reply(status, resp_body, _cookies_from_headers(resp_headers))
         url = await self.resolve(name)
-        return await self._http(method, url + path, body, {k.decode(): v.decode() for k, v in headers}, timeout_s)
+        return await self._http(
+            method, url + path, body, {k.decode(): v.decode() for k, v in headers}, timeout_s
+        )
 
     async def request_url(
         self,
@@ -176,7 +183,7 @@ class ServerClient:
         *,
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> Reply:
         """Call an absolute URL (an upstream model API, the head server); returns any status.
 
@@ -202,7 +209,9 @@ class ServerClient:
                 return reply
         raise AssertionError("unreachable")
 
-    async def _http(self, method: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> Reply:
+    async def _http(
+        self, method: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float
+    ) -> Reply:
         session = self._http_session()
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with session.request(method, url, data=body or None, headers=headers, timeout=timeout) as resp:

@@ -8,6 +8,7 @@ has secrets masked: anything on the machine can read the head server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import Any
@@ -39,10 +40,8 @@ class Registry:
 
     async def wait_changed(self, timeout_s: float) -> None:
         """Return when a server registers, or after ``timeout_s``."""
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout_s)
-        except TimeoutError:
-            pass
 
 
 def head_app(registry: Registry, public_config: dict[str, Any], stack_id: str) -> Starlette:
@@ -50,7 +49,13 @@ def head_app(registry: Registry, public_config: dict[str, Any], stack_id: str) -
 
     async def liveness(request: Request) -> Response:
         return json_response(
-            {"status": "ok", "kind": "head", "stack_id": stack_id, "pid": os.getpid(), "servers": len(registry.entries)}
+            {
+                "status": "ok",
+                "kind": "head",
+                "stack_id": stack_id,
+                "pid": os.getpid(),
+                "servers": len(registry.entries),
+            }
         )
 
     async def servers(request: Request) -> Response:

@@ -63,7 +63,9 @@ class RunningServer:
 class Backend(Protocol):
     name: str
 
-    async def start(self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str) -> None: ...
+    async def start(
+        self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str
+    ) -> None: ...
 
     async def wait_failure(self) -> ServerFailure: ...
 
@@ -265,10 +267,14 @@ class Stack:
     async def start(self) -> None:
         """Start head then every server; on any failure, stop what started and raise."""
         began = time.perf_counter()
-        self.head = AppServer(head_app(self.registry, self.config.to_dict(mask_secrets=True), self.stack_id), self._bind_head())
+        self.head = AppServer(
+            head_app(self.registry, self.config.to_dict(mask_secrets=True), self.stack_id), self._bind_head()
+        )
         await self.head.start()
         try:
-            await self.backend.start(list(self.config.servers.values()), self.registry, self.head_url, self.stack_id)
+            await self.backend.start(
+                list(self.config.servers.values()), self.registry, self.head_url, self.stack_id
+            )
         except BaseException:
             await self.stop()
             raise

@@ -23,7 +23,11 @@ from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.resources_server import ResourcesServer
 from polygym.server import BaseServer
 
-BASES: dict[str, type[BaseServer]] = {RESOURCES_KIND: ResourcesServer, AGENT_KIND: Agent, MODEL_KIND: ModelServer}
+BASES: dict[str, type[BaseServer]] = {
+    RESOURCES_KIND: ResourcesServer,
+    AGENT_KIND: Agent,
+    MODEL_KIND: ModelServer,
+}
 
 
 def _import_entrypoint(directory: Path, entrypoint: str) -> ModuleType:
@@ -59,7 +63,9 @@ def server_class(spec: ServerSpec) -> type[BaseServer]:
     ]
     if len(found) != 1:
         names = ", ".join(c.__name__ for c in found) or "none"
-        raise ConfigError([f"{module.__file__}: expected exactly one {base.__name__} subclass, found {names}"])
+        raise ConfigError(
+            [f"{module.__file__}: expected exactly one {base.__name__} subclass, found {names}"]
+        )
     return found[0]
 
 

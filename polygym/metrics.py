@@ -43,7 +43,9 @@ def numeric_fields(rollout: dict[str, Any]) -> dict[str, float]:
         for key, value in rollout.items()
         if key not in SKIP_FIELDS and isinstance(value, int | float) and math.isfinite(value)
     }
-    usage = (rollout.get("response") or {}).get("usage") if isinstance(rollout.get("response"), dict) else None
+    usage = (
+        (rollout.get("response") or {}).get("usage") if isinstance(rollout.get("response"), dict) else None
+    )
     for key in ("input_tokens", "output_tokens", "total_tokens"):
         if isinstance(usage, dict) and isinstance(usage.get(key), int | float):
             values[f"usage/{key}"] = float(usage[key])
@@ -116,7 +118,11 @@ def aggregate(
 ) -> dict[str, Any]:
     """The metrics block of one agent: ``agent_metrics``, ``key_metrics``, ``group_level_metrics``."""
     if not rollouts:
-        return {"agent_metrics": {"num_rollouts": 0}, "key_metrics": {"num_rollouts": 0}, "group_level_metrics": []}
+        return {
+            "agent_metrics": {"num_rollouts": 0},
+            "key_metrics": {"num_rollouts": 0},
+            "group_level_metrics": [],
+        }
     agent_metrics: dict[str, Any] = {"num_rollouts": len(rollouts), "num_tasks": 0}
     agent_metrics.update(field_statistics(rollouts))
     summary, rows = group_metrics(rollouts, pass_threshold, answer_field)

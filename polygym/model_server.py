@@ -46,7 +46,9 @@ class ModelServer(BaseServer):
         return await self.chat_completions(_require_object(body))
 
     async def _models(self, request: Request) -> Response:
-        return json_response({"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "polygym"}]})
+        return json_response(
+            {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "polygym"}]}
+        )
 
 
 def _require_object(body: Any) -> dict[str, Any]:

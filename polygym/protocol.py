@@ -26,9 +26,21 @@ TRAINING_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation
 
 
 class OpenModel(BaseModel):
-    """Base for wire models: keeps unknown fields so rows round-trip unchanged."""
+    """Base for wire models: keeps unknown fields so rows round-trip unchanged.
+
+    Dumps leave out fields the input never had (``exclude_unset``), so a verified row carries
+    the user's row as written rather than gaining ``"model": null`` and friends.
+    """
 
     model_config = ConfigDict(extra="allow")
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        kwargs.setdefault("exclude_unset", True)
+        return super().model_dump(**kwargs)
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        kwargs.setdefault("exclude_unset", True)
+        return super().model_dump_json(**kwargs)
 
 
 class ResponsesCreateParams(OpenModel):
@@ -67,7 +79,7 @@ class Response(OpenModel):
 
     id: str = ""
     object: str = "response"
-    created_at: float = 0
+    created_at: int | float = 0
     model: str = ""
     status: str = "completed"
     output: list[dict[str, Any]] = Field(default_factory=list)
@@ -123,7 +135,9 @@ def message_item(text: str, role: str = "assistant") -> dict[str, Any]:
     }
 
 
-def function_call_item(name: str, arguments: str | dict[str, Any], call_id: str | None = None) -> dict[str, Any]:
+def function_call_item(
+    name: str, arguments: str | dict[str, Any], call_id: str | None = None
+) -> dict[str, Any]:
     raw = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
     return {
         "type": "function_call",

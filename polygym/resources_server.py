@@ -13,7 +13,8 @@ aggregate metrics — comes from here::
         async def verify(self, body: WeatherVerifyRequest, session: Session) -> VerifyResponse:
             ...
 
-A tool or ``verify`` that declares a ``session`` parameter receives the rollout's ``Session``.
+A tool or ``verify`` that declares a ``session`` parameter receives the rollout's ``Session``;
+calls without a session cookie get a fresh session (released at once after a cookie-less verify).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class ToolSpec:
     def schema(self) -> dict[str, Any]:
         """The tool as a Responses ``tools`` entry, derived from the request model."""
         parameters = self.request_model.model_json_schema() if self.request_model else {"type": "object"}
-        parameters.pop("title", None)
+        parameters = _strip_titles(parameters)
         return {
             "type": "function",
             "name": self.name,
@@ -68,6 +69,19 @@ class ToolSpec:
             "parameters": parameters,
             "strict": False,
         }
+
+
+def _strip_titles(schema: Any) -> Any:
+    """Drop pydantic's generated ``title`` strings: tokens the model reads for nothing.
+
+    Only string values are titles; a property that is itself *named* ``title`` maps to a schema
+    (a dict) and is kept.
+    """
+    if isinstance(schema, dict):
+        return {k: _strip_titles(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+    if isinstance(schema, list):
+        return [_strip_titles(v) for v in schema]
+    return schema
 
 
 class ResourcesServer(BaseServer):
@@ -80,6 +94,7 @@ class ResourcesServer(BaseServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sessions = SessionStore(idle_timeout_s=self.config.session_idle_timeout_s)
+        self._verify_wants_session = "session" in inspect.signature(self.verify).parameters
 
     # -- to override -------------------------------------------------------------------------
     async def seed_session(self, body: SeedSessionRequest, session: Session) -> dict[str, Any] | None:
@@ -97,10 +112,12 @@ class ResourcesServer(BaseServer):
     # -- machinery ---------------------------------------------------------------------------
     @classmethod
     def tools(cls) -> dict[str, ToolSpec]:
-        found = {}
-        for name, member in inspect.getmembers(cls, inspect.isfunction):
-            if getattr(member, "_polygym_tool", False):
-                found[name] = ToolSpec(name, member)
+        """Tools in definition order (base classes first), the order models are offered them."""
+        found: dict[str, ToolSpec] = {}
+        for klass in reversed(cls.__mro__):
+            for name, member in vars(klass).items():
+                if inspect.isfunction(member) and getattr(member, "_polygym_tool", False):
+                    found[name] = ToolSpec(name, member)
         return found
 
     @classmethod
@@ -114,11 +131,19 @@ class ResourcesServer(BaseServer):
             Route("/seed_session", json_endpoint(self._seed, SeedSessionRequest), methods=["POST"]),
             Route("/verify", json_endpoint(self._verify, verify_model), methods=["POST"]),
             Route("/end_session", json_endpoint(self._end_session), methods=["POST"]),
-            Route("/aggregate_metrics", json_endpoint(self._aggregate, AggregateMetricsRequest), methods=["POST"]),
+            Route(
+                "/aggregate_metrics",
+                json_endpoint(self._aggregate, AggregateMetricsRequest),
+                methods=["POST"],
+            ),
             Route("/tools", self._list_tools, methods=["GET"]),
         ]
         for name, spec in self.tools().items():
-            routes.append(Route(f"/{name}", json_endpoint(self._tool_handler(spec), spec.request_model), methods=["POST"]))
+            routes.append(
+                Route(
+                    f"/{name}", json_endpoint(self._tool_handler(spec), spec.request_model), methods=["POST"]
+                )
+            )
         return routes
 
     async def startup(self) -> None:
@@ -149,7 +174,9 @@ class ResourcesServer(BaseServer):
 
     @staticmethod
     def _with_cookie(request: Request, result: Any) -> Response:
-        response = result if isinstance(result, Response) else json_response(result if result is not None else {})
+        response = (
+            result if isinstance(result, Response) else json_response(result if result is not None else {})
+        )
         new_session = getattr(request.state, "new_session", None)
         if new_session:
             response.set_cookie(SESSION_COOKIE, new_session, httponly=True, samesite="lax")
@@ -162,8 +189,19 @@ class ResourcesServer(BaseServer):
         return self._with_cookie(request, result)
 
     async def _verify(self, body: VerifyRequest, request: Request) -> Response:
+        """Verify within the rollout's session; a cookie-less call uses a throwaway one."""
         session = self._session_for(request)
-        return self._with_cookie(request, await self.verify(body, session))
+        throwaway = getattr(request.state, "new_session", None) is not None
+        try:
+            if self._verify_wants_session:
+                result = await self.verify(body, session=session)
+            else:
+                result = await self.verify(body)  # type: ignore[call-arg]
+        finally:
+            if throwaway:
+                self.sessions.release(session.id)
+                request.state.new_session = None
+        return self._with_cookie(request, result)
 
     async def _end_session(self, body: Any, request: Request) -> dict[str, Any]:
         session_id = request.cookies.get(SESSION_COOKIE)

@@ -56,7 +56,9 @@ async def serve(payload: dict[str, Any]) -> None:
         "url": app_server.url,
         "pid": os.getpid(),
     }
-    reply = await client.request_url("POST", f"{payload['head_url']}/register", entry, retry=RetryPolicy(attempts=5))
+    reply = await client.request_url(
+        "POST", f"{payload['head_url']}/register", entry, retry=RetryPolicy(attempts=5)
+    )
     if reply.status != 200:
         raise RuntimeError(f"head server refused registration: {reply.status} {reply.body[:500]!r}")
     print(f"{spec.name} serving on {app_server.url}", flush=True)

@@ -50,7 +50,7 @@ class HTTPError(Exception):
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     if isinstance(data, BaseModel):
-        data = data.model_dump(mode="json", exclude_unset=False)
+        data = data.model_dump(mode="json")
     return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
 
 
@@ -73,7 +73,9 @@ def validation_message(exc: ValidationError) -> str:
 Handler = Callable[[Any, Request], Awaitable[Any]]
 
 
-def json_endpoint(handler: Handler, model: type[BaseModel] | None = None) -> Callable[[Request], Awaitable[Response]]:
+def json_endpoint(
+    handler: Handler, model: type[BaseModel] | None = None
+) -> Callable[[Request], Awaitable[Response]]:
     """Wrap ``handler(body, request)`` as a Starlette endpoint with uniform error handling.
 
     ``body`` is the validated ``model`` instance, or the parsed JSON when no model is given.
@@ -119,7 +121,12 @@ class BaseServer:
     kind: ClassVar[str] = ""
     Config: ClassVar[type[ServerConfig]] = ServerConfig
 
-    def __init__(self, name: str, config: dict[str, Any] | ServerConfig | None = None, client: ServerClient | None = None):
+    def __init__(
+        self,
+        name: str,
+        config: dict[str, Any] | ServerConfig | None = None,
+        client: ServerClient | None = None,
+    ):
         self.name = name
         self.config = config if isinstance(config, ServerConfig) else self.Config.model_validate(config or {})
         self.client = client or ServerClient()
@@ -127,7 +134,9 @@ class BaseServer:
 
     @property
     def implementation(self) -> str:
-        return type(self).__module__.rsplit(".", 2)[-2] if "." in type(self).__module__ else type(self).__name__
+        return (
+            type(self).__module__.rsplit(".", 2)[-2] if "." in type(self).__module__ else type(self).__name__
+        )
 
     def routes(self) -> list[Route]:
         """HTTP routes of this server; subclasses add theirs to the base list."""

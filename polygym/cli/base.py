@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
+from rich.console import Console
 
 from polygym.catalog import selector_paths
 from polygym.config import ConfigError, StackConfig, load_config
@@ -58,16 +59,27 @@ def selector_options(func: F) -> F:
 
 
 def load_stack_config(
-    resources_servers: tuple[str, ...], model_types: tuple[str, ...], configs: tuple[str, ...], overrides: tuple[str, ...]
+    resources_servers: tuple[str, ...],
+    model_types: tuple[str, ...],
+    configs: tuple[str, ...],
+    overrides: tuple[str, ...],
 ) -> StackConfig:
     """Resolve selectors and load the merged config, exiting with every problem listed."""
     try:
         paths = selector_paths(list(resources_servers), list(model_types), list(configs))
         if not paths:
-            raise ConfigError(["nothing selected: pass --resources-server NAME, --model-type TYPE or --config PATH"])
+            raise ConfigError(
+                ["nothing selected: pass --resources-server NAME, --model-type TYPE or --config PATH"]
+            )
         return load_config(paths, list(overrides))
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
+
+
+def console(stderr: bool = False) -> Console:
+    """A rich console that does not squeeze tables to 80 columns when output goes to a file."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(width=None if stream.isatty() else 200, highlight=False, stderr=stderr)
 
 
 def fail(message: str, code: int = EXIT_FAILURE) -> Any:

@@ -12,11 +12,19 @@ import click
 import orjson
 import psutil
 import yaml
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from polygym import stacks
-from polygym.cli.base import EXIT_FAILURE, SuggestingGroup, fail, load_stack_config, run_async, selector_options
+from polygym.cli.base import (
+    EXIT_FAILURE,
+    SuggestingGroup,
+    console,
+    fail,
+    load_stack_config,
+    run_async,
+    selector_options,
+)
 from polygym.client import ServerCallError, ServerClient
 from polygym.config import ConfigError
 from polygym.launcher import BACKENDS, LaunchError, Stack
@@ -46,11 +54,20 @@ def server_table(servers: list[dict[str, Any]], title: str, health: dict[str, st
 
 @env.command("start")
 @selector_options
-@click.option("--backend", type=click.Choice(sorted(BACKENDS)), default=DEFAULT_BACKEND, show_default=True,
-              help="inline: one process, in-process calls; subprocess: one process per server.")
+@click.option(
+    "--backend",
+    type=click.Choice(sorted(BACKENDS)),
+    default=DEFAULT_BACKEND,
+    show_default=True,
+    help="inline: one process, in-process calls; subprocess: one process per server.",
+)
 @click.option("--head-host", default="127.0.0.1", show_default=True, help="Address of the head server.")
-@click.option("--head-port", type=int, default=None,
-              help="Port of the head server [default: 11000, or any free port if taken].")
+@click.option(
+    "--head-port",
+    type=int,
+    default=None,
+    help="Port of the head server [default: 11000, or any free port if taken].",
+)
 def start(
     resources_servers: tuple[str, ...],
     model_types: tuple[str, ...],
@@ -74,7 +91,7 @@ def start(
 
 async def _serve_foreground(stack: Stack) -> int:
     """Run until Ctrl-C/SIGTERM (exit 0) or until a server dies (exit 1, the rest stopped)."""
-    console = Console()
+    out, err = console(), console(stderr=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -82,13 +99,12 @@ async def _serve_foreground(stack: Stack) -> int:
     try:
         await stack.start()
     except (LaunchError, ConfigError) as exc:
-        console.print(f"[red]error:[/] could not start the stack: {exc}", highlight=False)
+        err.print("[red]error:[/]", escape(f"could not start the stack: {exc}"))
         return EXIT_FAILURE
-    console.print(server_table(stack.servers(), f"polygym stack {stack.stack_id} ({stack.backend.name} backend)"))
-    console.print(
+    out.print(server_table(stack.servers(), f"polygym stack {stack.stack_id} ({stack.backend.name} backend)"))
+    out.print(
         f"[bold green]ready:[/] {len(stack.servers())} servers up in {stack.started_in_s:.2f}s; "
-        f"head server {stack.head_url}. Press Ctrl-C to stop.",
-        highlight=False,
+        f"head server {stack.head_url}. Press Ctrl-C to stop."
     )
     failure_task = asyncio.ensure_future(stack.wait_failure())
     stop_task = asyncio.ensure_future(stop.wait())
@@ -97,14 +113,14 @@ async def _serve_foreground(stack: Stack) -> int:
     code = 0
     if failure_task.done():
         failure = failure_task.result()
-        console.print(f"[red]error:[/] {failure.message}", highlight=False)
-        console.print("stopping the other servers...")
+        err.print("[red]error:[/]", escape(failure.message))
+        out.print("stopping the other servers...")
         code = EXIT_FAILURE
     else:
         failure_task.cancel()
     began = time.perf_counter()
     await stack.stop()
-    console.print(f"stopped {len(stack.config.servers)} servers in {time.perf_counter() - began:.2f}s")
+    out.print(f"stopped {len(stack.config.servers)} servers in {time.perf_counter() - began:.2f}s")
     return code
 
 
@@ -137,16 +153,16 @@ def status(as_json: bool) -> None:
     if as_json:
         click.echo(orjson.dumps(records, option=orjson.OPT_INDENT_2).decode())
         return
-    console = Console()
+    out = console()
     if not records:
-        console.print("no running polygym stacks")
+        out.print("no running polygym stacks")
         return
     for record in records:
         title = (
             f"stack {record['stack_id']} (pid {record['pid']}, {record['backend']} backend, "
             f"head {record['head_url']})"
         )
-        console.print(server_table(record["servers"], title, record["health"]))
+        out.print(server_table(record["servers"], title, record["health"]))
 
 
 def _select(stack_id: str | None, stop_all: bool) -> list[dict[str, Any]]:
@@ -165,7 +181,9 @@ def _select(stack_id: str | None, stop_all: bool) -> list[dict[str, Any]]:
 @env.command("stop")
 @click.option("--stack", "stack_id", default=None, help="Stack id (see gym env status).")
 @click.option("--all", "stop_all", is_flag=True, help="Stop every running stack.")
-@click.option("--timeout", "timeout_s", default=15.0, show_default=True, help="Seconds to wait for a clean stop.")
+@click.option(
+    "--timeout", "timeout_s", default=15.0, show_default=True, help="Seconds to wait for a clean stop."
+)
 def stop(stack_id: str | None, stop_all: bool, timeout_s: float) -> None:
     """Stop a running stack started by ``gym env start`` (SIGTERM to its launcher)."""
     records = _select(stack_id, stop_all)
@@ -176,15 +194,25 @@ def stop(stack_id: str | None, stop_all: bool, timeout_s: float) -> None:
         _stop_launcher(record, timeout_s)
 
 
+def _exited(proc: psutil.Process) -> bool:
+    """Gone, or a zombie waiting for its own parent (the shell) to reap it."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _stop_launcher(record: dict[str, Any], timeout_s: float) -> None:
     try:
         proc = psutil.Process(int(record["pid"]))
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout_s)
     except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        fail(f"stack {record['stack_id']} (pid {record['pid']}) did not stop within {timeout_s:g}s")
+        proc = None
+    deadline = time.monotonic() + timeout_s
+    while proc is not None and not _exited(proc):
+        if time.monotonic() > deadline:
+            fail(f"stack {record['stack_id']} (pid {record['pid']}) did not stop within {timeout_s:g}s")
+        time.sleep(0.05)
     stacks.remove_stack(record["stack_id"])
     click.echo(f"stopped stack {record['stack_id']} ({len(record['servers'])} servers)")
 
@@ -192,9 +220,11 @@ def _stop_launcher(record: dict[str, Any], timeout_s: float) -> None:
 @env.command("resolve")
 @selector_options
 def resolve(
-    resources_servers: tuple[str, ...], model_types: tuple[str, ...], configs: tuple[str, ...], overrides: tuple[str, ...]
+    resources_servers: tuple[str, ...],
+    model_types: tuple[str, ...],
+    configs: tuple[str, ...],
+    overrides: tuple[str, ...],
 ) -> None:
     """Print the merged, interpolated config with secrets masked."""
     config = load_stack_config(resources_servers, model_types, configs, overrides)
     click.echo(yaml.safe_dump(config.to_dict(mask_secrets=True), sort_keys=False), nl=False)
-

@@ -40,11 +40,17 @@ class SimpleAgent(Agent):
     async def run(self, row: dict[str, Any]) -> dict[str, Any]:
         params = _create_params(row)
         env = self.config.resources_server.name
-        cookies = (await self.client.call(env, "/seed_session", row, timeout_s=self.config.tool_timeout_s)).cookies
+        cookies = (
+            await self.client.call(env, "/seed_session", row, timeout_s=self.config.tool_timeout_s)
+        ).cookies
         try:
             response = await self._play(params, cookies)
             reply = await self.client.call(
-                env, "/verify", {**row, "response": response}, cookies=cookies, timeout_s=self.config.verify_timeout_s
+                env,
+                "/verify",
+                {**row, "response": response},
+                cookies=cookies,
+                timeout_s=self.config.verify_timeout_s,
             )
             return reply.json()
         finally:
@@ -96,7 +102,8 @@ class SimpleAgent(Agent):
         """Execute one function call; anything the model got wrong comes back as text for it."""
         name = str(call.get("name", ""))
         if name not in offered or not TOOL_NAME.match(name):
-            return f"Error: there is no tool named '{name}'. Available tools: {', '.join(sorted(map(str, offered)))}"
+            available = ", ".join(sorted(map(str, offered)))
+            return f"Error: there is no tool named '{name}'. Available tools: {available}"
         try:
             arguments = orjson.loads(call.get("arguments") or "{}")
         except orjson.JSONDecodeError as exc:
@@ -125,5 +132,7 @@ def _create_params(row: Any) -> dict[str, Any]:
         raise HTTPError(422, "the row must be a JSON object", "validation_error")
     params = row.get("responses_create_params")
     if not isinstance(params, dict) or "input" not in params:
-        raise HTTPError(422, "responses_create_params: must be an object with an 'input' field", "validation_error")
+        raise HTTPError(
+            422, "responses_create_params: must be an object with an 'input' field", "validation_error"
+        )
     return params

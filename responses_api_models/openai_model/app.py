@@ -1,0 +1,105 @@
+"""openai_model: forwards to any OpenAI-compatible API (OpenAI, Azure-style gateways, vLLM, ...).
+
+``POST /v1/responses`` goes to ``{openai_base_url}/responses`` and ``POST /v1/chat/completions`` to
+``{openai_base_url}/chat/completions``, with the configured key as a bearer token and the configured
+model forced into the body (the policy is chosen by config, not by whoever calls us).
+
+Choices, and why:
+- The reply body is passed through as bytes, never re-parsed: responses can be large and this hop
+  sits on every model call of every rollout.
+- Upstream errors come back with the upstream status and body unchanged, so callers see exactly what
+  the provider said (rate limits, context-length errors) and classify failures by status.
+- Every call has a timeout (``timeout_s``) and bounded retries with backoff on connection errors and
+  transient statuses (429, 502, 503, 504, 408); a 500 or 4xx is answered at once. When the upstream
+  cannot be reached at all the caller gets a 502 naming the URL; on a timeout, a 504.
+- Upstream calls use their own connection pool of ``pool_size`` connections (closed at shutdown),
+  sized for the provider rather than for calls between polygym servers.
+- Streaming is refused with a clear 400: rollouts need whole responses, and a half-forwarded stream
+  could not be retried.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from starlette.responses import Response
+
+from polygym.client import ServerCallError, ServerClient
+from polygym.model_server import ModelServer
+from polygym.retry import RetryPolicy
+from polygym.server import HTTPError, ServerConfig, error_response
+
+
+class Config(ServerConfig):
+    openai_base_url: str
+    openai_api_key: str = ""
+    openai_model: str
+    timeout_s: float = Field(default=600.0, gt=0)
+    pool_size: int = Field(default=1024, ge=1)
+    max_attempts: int = Field(default=4, ge=1)
+    """Attempts per call, the first included (so 3 retries by default)."""
+    retry_base_delay_s: float = Field(default=0.5, ge=0)
+    retry_max_delay_s: float = Field(default=8.0, ge=0)
+
+
+class OpenAIModel(ModelServer):
+    """A proxy to an OpenAI-compatible endpoint."""
+
+    Config = Config
+    config: Config
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.base_url = self.config.openai_base_url.rstrip("/")
+        self.retry = RetryPolicy(
+            attempts=self.config.max_attempts,
+            base_delay_s=self.config.retry_base_delay_s,
+            max_delay_s=self.config.retry_max_delay_s,
+        )
+        self.upstream = ServerClient(pool_size=self.config.pool_size, timeout_s=self.config.timeout_s)
+
+    @property
+    def model_name(self) -> str:
+        return self.config.openai_model
+
+    async def shutdown(self) -> None:
+        await self.upstream.close()
+
+    async def health(self) -> dict[str, Any]:
+        return {**await super().health(), "upstream": self.base_url, "model": self.config.openai_model}
+
+    async def responses(self, body: dict[str, Any]) -> Response:
+        return await self.forward("/responses", body)
+
+    async def chat_completions(self, body: dict[str, Any]) -> Response:
+        return await self.forward("/chat/completions", body)
+
+    async def forward(self, path: str, body: dict[str, Any]) -> Response:
+        """Send ``body`` (with the configured model) to the upstream ``path``; relay its reply."""
+        if body.get("stream"):
+            raise HTTPError(
+                400, "stream=true is not supported by openai_model; send stream=false", "invalid_request"
+            )
+        url = self.base_url + path
+        headers = {"accept": "application/json"}
+        if self.config.openai_api_key:
+            headers["authorization"] = f"Bearer {self.config.openai_api_key}"
+        payload = {**body, "model": self.config.openai_model}
+        try:
+            reply = await self.upstream.request_url(
+                "POST", url, payload, headers=headers, timeout_s=self.config.timeout_s, retry=self.retry
+            )
+        except ServerCallError as exc:
+            if exc.error_class == "Timeout":
+                return error_response(
+                    504,
+                    "upstream_timeout",
+                    f"upstream model API {url} did not answer within {self.config.timeout_s:g}s",
+                )
+            return error_response(
+                502,
+                "upstream_unreachable",
+                f"cannot reach upstream model API {url} after {self.retry.attempts} attempt(s): {exc.detail}",
+            )
+        return Response(reply.body, status_code=reply.status, media_type="application/json")
