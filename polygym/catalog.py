@@ -25,16 +25,14 @@ def _config_error(problems: list[str]) -> Exception:
 
 
 def project_root() -> Path:
-    """The folder that contains the installed ``resources_servers`` package.
+    """The folder that holds the shipped server folders (``resources_servers/`` and friends).
 
-    Located through the package rather than this file so that an editable install, a wheel and a
-    plain checkout on ``PYTHONPATH`` all point at the folder that really holds the servers.
+    ``polygym`` and the three server packages are installed side by side (an editable install
+    points at the checkout, a wheel at site-packages), so polygym's own location finds them even
+    when the working directory has a ``resources_servers/`` folder of the user's own that would
+    shadow the installed package on import.
     """
-    try:
-        import resources_servers
-    except ImportError:  # pragma: no cover - only when the server packages are not installed
-        return Path(__file__).resolve().parent.parent
-    return Path(resources_servers.__file__).resolve().parent.parent
+    return Path(__file__).resolve().parent.parent
 
 
 def _roots() -> list[Path]:

@@ -126,6 +126,15 @@ class SubprocessBackend:
             await self._spawn(spec, head_url, log_dir)
         await self._wait_registered(specs, registry)
 
+    async def restart(self, spec: ServerSpec, registry: Registry, head_url: str, stack_id: str) -> None:
+        """Start a fresh process for a server that died; callers re-resolve its new address."""
+        old = self.procs.get(spec.name)
+        if old is not None and old.returncode is None:
+            raise LaunchError(f"server '{spec.name}' is still running (pid {old.pid})")
+        registry.entries.pop(spec.name, None)
+        await self._spawn(spec, head_url, stacks.logs_dir(stack_id))
+        await self._wait_registered([spec], registry)
+
     async def _spawn(self, spec: ServerSpec, head_url: str, log_dir: Path) -> None:
         log_path = log_dir / f"{spec.name}.log"
         self.logs[spec.name] = log_path
@@ -305,6 +314,14 @@ class Stack:
 
     async def wait_failure(self) -> ServerFailure:
         return await self.backend.wait_failure()
+
+    async def restart(self, name: str) -> None:
+        """Restart one dead server of a subprocess stack (the others keep running)."""
+        if not isinstance(self.backend, SubprocessBackend):
+            raise LaunchError(f"restarting a server needs the subprocess backend, not {self.backend.name}")
+        await self.backend.restart(self.config.servers[name], self.registry, self.head_url, self.stack_id)
+        if self.record:
+            stacks.write_stack(self.describe())
 
     async def stop(self) -> None:
         try:

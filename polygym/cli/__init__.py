@@ -11,6 +11,7 @@ import click
 from polygym import __version__
 from polygym.cli.base import SuggestingGroup
 from polygym.cli.env import env
+from polygym.cli.eval import eval_group
 
 
 @click.group(cls=SuggestingGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,6 +21,7 @@ def gym() -> None:
 
 
 gym.add_command(env)
+gym.add_command(eval_group, name="eval")
 
 
 def main() -> None:

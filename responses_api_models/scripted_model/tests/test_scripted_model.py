@@ -426,3 +426,59 @@ def test_rule_mistakes_are_reported_at_load(rule: dict[str, Any], message: str) 
 def test_script_error_status_must_be_an_error() -> None:
     with pytest.raises(ValueError, match="400-599"):
         Config.model_validate({"script": [{"error": 200}]})
+
+
+# ------------------------------------------------------------------- the example environments' data
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def example_rows(environment: str) -> list[dict[str, Any]]:
+    path = ROOT / "resources_servers" / environment / "data" / "example.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} is not in this checkout")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def play(server: ScriptedModel, params: dict[str, Any], tool_output: Any) -> list[dict[str, Any]]:
+    """Run one episode in-process; ``tool_output(name, arguments)`` stands in for the environment."""
+    input_ = list(params["input"])
+    for _ in range(20):
+        (item,) = (await server.respond({**params, "input": input_}))["output"]
+        input_.append(item)
+        if item["type"] != "function_call":
+            return input_
+        output = tool_output(item["name"], json.loads(item["arguments"]))
+        input_.append({"type": "function_call_output", "call_id": item["call_id"], "output": output})
+    raise AssertionError("the episode did not end")
+
+
+async def test_shipped_rules_solve_example_single_tool_call_rows() -> None:
+    server = ScriptedModel("policy_model", shipped_config())
+    for row in example_rows("example_single_tool_call"):
+        episode = await play(
+            server, row["responses_create_params"], lambda name, args: f"sunny in {args['city']}"
+        )
+        calls = [i for i in episode if i.get("type") == "function_call"]
+        assert [json.loads(c["arguments"]) for c in calls] == [{"city": row["expected_city"]}]
+        assert episode[-1]["type"] == "message"
+        assert f"sunny in {row['expected_city']}" in episode[-1]["content"][0]["text"]
+
+
+async def test_shipped_rules_solve_example_multi_step_rows() -> None:
+    server = ScriptedModel("policy_model", shipped_config())
+    for row in example_rows("example_multi_step"):
+        words = row["expected_synonyms"]
+
+        def tool_output(name: str, args: dict[str, Any], words: list[str] = words) -> str:
+            if name == "get_synonym_value":
+                return json.dumps({"synonym_value": words.index(args["synonym"]) * 10})
+            return json.dumps({"success": True})
+
+        episode = await play(server, row["responses_create_params"], tool_output)
+        calls = [(i["name"], json.loads(i["arguments"])) for i in episode if i.get("type") == "function_call"]
+        assert calls == [
+            *[("get_synonym_value", {"synonym": w}) for w in words],
+            ("extract_synonym_values", {"synonym_values": [i * 10 for i in range(len(words))]}),
+        ]
+        assert episode[-1]["type"] == "message"

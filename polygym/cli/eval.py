@@ -1,0 +1,265 @@
+"""``gym eval run``: collect rollouts for a dataset across environments, routed by ``agent_ref``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from rich.markup import escape
+from rich.table import Table
+
+from polygym import stacks
+from polygym.cli.base import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    SuggestingGroup,
+    console,
+    fail,
+    load_stack_config,
+    run_async,
+    selector_options,
+)
+from polygym.client import ServerCallError, ServerClient
+from polygym.config import ConfigError, StackConfig
+from polygym.dataset import DatasetError, Job, Materialization, load_jobs
+from polygym.eval_run import RunSummary, run_eval
+from polygym.launcher import BACKENDS, LaunchError, Stack
+from polygym.protocol import AGENT_KIND
+from polygym.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, Limits
+from polygym.run_files import RunFileError, RunFiles, done_keys
+from polygym.suggest import unknown_name_message
+
+EXIT_INTERRUPTED = 130
+
+
+@click.group(cls=SuggestingGroup)
+def eval_group() -> None:
+    """Collect and compare rollouts."""
+
+
+def parse_per_agent(values: tuple[str, ...], flag: str) -> tuple[int | None, dict[str, int]]:
+    """``N`` sets the default, ``AGENT=N`` overrides it for one agent (both repeatable)."""
+    default: int | None = None
+    per_agent: dict[str, int] = {}
+    for value in values:
+        name, sep, number = value.rpartition("=")
+        try:
+            parsed = int(number)
+        except ValueError:
+            raise click.BadParameter(f"'{value}' is not N or AGENT=N", param_hint=flag) from None
+        if parsed < 1:
+            raise click.BadParameter(f"'{value}' must be at least 1", param_hint=flag)
+        if sep:
+            per_agent[name] = parsed
+        else:
+            default = parsed
+    return default, per_agent
+
+
+def discover_head(head_url: str | None) -> str:
+    """The head server to use with --no-serve: explicit, from the environment, or the one stack."""
+    url = head_url or os.environ.get("POLYGYM_HEAD_URL")
+    if url:
+        return url
+    running = stacks.list_stacks()
+    if not running:
+        fail(
+            "--no-serve: no running stack found; start one with `gym env start ...` or pass --head-url",
+            EXIT_USAGE,
+        )
+    if len(running) > 1:
+        heads = ", ".join(r["head_url"] for r in running)
+        fail(f"--no-serve: {len(running)} stacks are running ({heads}); pick one with --head-url", EXIT_USAGE)
+    return running[0]["head_url"]
+
+
+def resume_command() -> str:
+    args = [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")]
+    return shlex.join(["gym", *args, "--resume"])
+
+
+@eval_group.command("run")
+@selector_options
+@click.option("--input", "input_path", required=True, type=click.Path(path_type=Path), help="Dataset JSONL.")
+@click.option(
+    "--output", "output_path", required=True, type=click.Path(path_type=Path), help="Rollouts JSONL."
+)
+@click.option("--agent", default=None, help="Agent for rows without agent_ref [default: the only agent].")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N rows.")
+@click.option(
+    "--num-repeats",
+    "num_repeats",
+    multiple=True,
+    metavar="N|AGENT=N",
+    help="Rollouts per row (repeatable; AGENT=N for one agent).",
+)
+@click.option(
+    "--concurrency",
+    multiple=True,
+    metavar="N|AGENT=N",
+    help=f"Rollouts in flight [default: {DEFAULT_CONCURRENCY}]; AGENT=N caps one agent.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=DEFAULT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds per rollout.",
+)
+@click.option("--resume", is_flag=True, help="Finish an interrupted run: only the missing rollouts.")
+@click.option("--overwrite", is_flag=True, help="Replace existing output files.")
+@click.option("--max-failures", type=int, default=None, help="Exit 1 when more rollouts than this fail.")
+@click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")
+@click.option("--head-url", default=None, help="Head server of the running stack (with --no-serve).")
+@click.option("--backend", type=click.Choice(sorted(BACKENDS)), default="inline", show_default=True)
+@click.option("--temperature", type=float, default=None, help="Override every row's temperature.")
+@click.option("--top-p", type=float, default=None, help="Override every row's top_p.")
+@click.option("--max-output-tokens", type=int, default=None, help="Override every row's max_output_tokens.")
+@click.option("--seed", type=int, default=None, help="Sampling seed; repeat r of a row uses SEED + r.")
+@click.option(
+    "--progress-interval",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds between progress lines when not on a terminal.",
+)
+def run(**opts: Any) -> None:
+    """Collect rollouts for every row of --input into --output (plus failures and metrics files).
+
+    \b
+    With a stack running (gym env start ...):
+      gym eval run --no-serve --input data.jsonl --output results/out.jsonl
+    Or start the stack for this run only:
+      gym eval run --model-type openai_model --resources-server example_single_tool_call \\
+          --input data.jsonl --output results/out.jsonl
+    """
+    repeats, repeats_by_agent = parse_per_agent(opts["num_repeats"], "--num-repeats")
+    concurrency, per_agent = parse_per_agent(opts["concurrency"], "--concurrency")
+    sampling = {
+        key: opts[key] for key in ("temperature", "top_p", "max_output_tokens") if opts[key] is not None
+    }
+    materialization = Materialization(repeats or 1, repeats_by_agent, sampling, opts["seed"])
+    limits = Limits(concurrency or DEFAULT_CONCURRENCY, per_agent, opts["timeout_s"])
+    config = None
+    if not opts["no_serve"]:
+        config = load_stack_config(
+            opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"]
+        )
+    sys.exit(run_async(_run(opts, config, materialization, limits)))
+
+
+def _load(opts: dict[str, Any], agents: list[str], materialization: Materialization) -> list[Job]:
+    default_agent = opts["agent"]
+    if default_agent is not None and default_agent not in agents:
+        fail(unknown_name_message("agent", default_agent, agents), EXIT_USAGE)
+    if default_agent is None and len(agents) == 1:
+        default_agent = agents[0]
+    try:
+        jobs = load_jobs(opts["input_path"], agents, default_agent, opts["limit"], materialization)
+    except DatasetError as exc:
+        fail(str(exc), EXIT_USAGE)
+    for agent in sorted({j.agent for j in jobs} | set(materialization.repeats_by_agent)):
+        if agent not in agents:
+            fail(unknown_name_message("agent", agent, agents), EXIT_USAGE)
+    return jobs
+
+
+async def _run(
+    opts: dict[str, Any], config: StackConfig | None, materialization: Materialization, limits: Limits
+) -> int:
+    stack: Stack | None = None
+    client: ServerClient | None = None
+    try:
+        if config is not None:
+            jobs = _load(opts, [s.name for s in config.by_kind(AGENT_KIND)], materialization)
+            stack = Stack(config, opts["backend"], head_port=0)
+            await stack.start()
+            client = stack.client or ServerClient(stack.head_url, pool_size=limits.concurrency)
+        else:
+            client = ServerClient(discover_head(opts["head_url"]), pool_size=max(64, limits.concurrency))
+            servers = await client.servers()
+            jobs = _load(opts, [s["name"] for s in servers if s["kind"] == AGENT_KIND], materialization)
+        return await _collect(client, jobs, opts, limits)
+    except (LaunchError, ConfigError, RunFileError) as exc:
+        console(stderr=True).print("[red]error:[/]", escape(str(exc)))
+        return EXIT_USAGE if isinstance(exc, RunFileError | ConfigError) else EXIT_FAILURE
+    except ServerCallError as exc:
+        console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
+        return EXIT_FAILURE
+    finally:
+        if stack is not None:
+            await stack.stop()
+        elif client is not None:
+            await client.close()
+
+
+async def _collect(client: ServerClient, jobs: list[Job], opts: dict[str, Any], limits: Limits) -> int:
+    files = RunFiles(opts["output_path"])
+    task = asyncio.ensure_future(
+        run_eval(client, jobs, files, limits, opts["resume"], opts["overwrite"], opts["progress_interval"])
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        summary = await task
+    except asyncio.CancelledError:
+        _print_interrupted(files)
+        return EXIT_INTERRUPTED
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    _print_summary(files, summary)
+    if opts["max_failures"] is not None and summary.failed > opts["max_failures"]:
+        console(stderr=True).print(
+            f"[red]error:[/] {summary.failed} rollouts failed (--max-failures {opts['max_failures']})"
+        )
+        return EXIT_FAILURE
+    return 0
+
+
+def _print_interrupted(files: RunFiles) -> None:
+    err = console(stderr=True)
+    err.print(f"[yellow]interrupted:[/] {len(done_keys(files.output))} rollouts are saved in {files.output}.")
+    err.print("resume with:", escape(resume_command()))
+
+
+def _print_summary(files: RunFiles, summary: RunSummary) -> None:
+    out = console()
+    entries = orjson.loads(files.metrics.read_bytes())
+    table = Table(title="per-environment metrics", title_justify="left")
+    for column in ("agent", "rollouts", "failures", "mean reward", "pass@1", "p50 latency s"):
+        table.add_column(column, justify="left" if column == "agent" else "right")
+    for entry in entries:
+        m = entry["agent_metrics"]
+        table.add_row(
+            entry["agent_ref"]["name"],
+            str(m.get("num_rollouts", 0)),
+            str(m.get("num_failures", 0)),
+            _num(m.get("mean/reward")),
+            _num(m.get("pass@1")),
+            _num(m.get("latency/p50_s")),
+        )
+    out.print(table)
+    failed = ", ".join(f"{k}: {v}" for k, v in summary.failures_by_class.items())
+    out.print(
+        f"{summary.succeeded} rollouts collected, {summary.skipped} already done, {summary.failed} failed"
+        + (f" ({failed})" if failed else "")
+        + f". Files: {', '.join(str(p) for p in files.all())}"
+    )
+    if summary.failed:
+        out.print(
+            f"failed rollouts are listed in {files.failures}; rerun them with: {escape(resume_command())}"
+        )
+
+
+def _num(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, int | float) else "-"

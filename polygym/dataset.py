@@ -1,0 +1,222 @@
+"""Dataset rows: reading JSONL, validating every row up front, and materializing rollout jobs.
+
+Validation runs before anything is sent, over the whole file, so a typo on line 9,000 is found in
+a second rather than after an hour of collection; each problem reads ``file:line: field: problem``.
+Materialization turns rows into jobs with NeMo Gym's indices: identical rows share a
+``_ng_task_index`` (so pass@k groups them), and ``num_repeats`` expands each row consecutively
+(aabbcc), each repeat with its own ``_ng_rollout_index``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from polygym.protocol import AGENT_KIND
+from polygym.suggest import unknown_name_message
+
+TASK_INDEX = "_ng_task_index"
+ROLLOUT_INDEX = "_ng_rollout_index"
+INDEX_FIELDS = (TASK_INDEX, ROLLOUT_INDEX)
+MAX_REPORTED_PROBLEMS = 50
+INPUT_ITEM_KEYS = ("role", "type")
+
+
+class DatasetError(Exception):
+    """Rows that cannot be used; ``problems`` lists ``file:line: field: problem`` lines."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        shown = problems[:MAX_REPORTED_PROBLEMS]
+        more = len(problems) - len(shown)
+        text = "\n".join(f"  {p}" for p in shown) + (f"\n  ... and {more} more" if more else "")
+        super().__init__(f"{len(problems)} invalid row problem{'s' if len(problems) != 1 else ''}:\n{text}")
+
+
+@dataclass
+class Row:
+    """One dataset row and where it came from."""
+
+    data: dict[str, Any]
+    path: str
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@dataclass
+class Job:
+    """One rollout to collect: the row as sent to the agent, with indices and routing."""
+
+    agent: str
+    task_index: int
+    rollout_index: int
+    row: dict[str, Any]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.task_index, self.rollout_index)
+
+
+def read_rows(path: Path, problems: list[str], limit: int | None = None) -> list[Row]:
+    """Parse a JSONL file; blank lines are skipped, unparsable lines become problems."""
+    rows: list[Row] = []
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if limit is not None and len(rows) >= limit:
+                break
+            if not raw.strip():
+                continue
+            try:
+                data = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                problems.append(f"{path}:{number}: (row): invalid JSON: {exc}")
+                continue
+            if not isinstance(data, dict):
+                problems.append(f"{path}:{number}: (row): must be a JSON object, got {type(data).__name__}")
+                continue
+            rows.append(Row(data, str(path), number))
+    return rows
+
+
+def _check_input(where: str, value: Any, problems: list[str]) -> None:
+    if isinstance(value, str):
+        return
+    if not isinstance(value, list) or not value:
+        problems.append(
+            f"{where}: responses_create_params.input: must be a string or a non-empty list of items"
+        )
+        return
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or not any(k in item for k in INPUT_ITEM_KEYS):
+            problems.append(
+                f"{where}: responses_create_params.input[{i}]: must be an object with 'role' or 'type'"
+            )
+
+
+def _check_tools(where: str, value: Any, problems: list[str]) -> None:
+    if not isinstance(value, list):
+        problems.append(f"{where}: responses_create_params.tools: must be a list")
+        return
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name", tool.get("type")), str):
+            problems.append(f"{where}: responses_create_params.tools[{i}]: must be an object with a 'name'")
+
+
+def check_row(row: Row, problems: list[str]) -> None:
+    """Shape checks every agent relies on; environment-specific fields are checked by verify."""
+    params = row.data.get("responses_create_params")
+    if params is None:
+        problems.append(f"{row.where}: responses_create_params: missing")
+        return
+    if not isinstance(params, dict):
+        problems.append(f"{row.where}: responses_create_params: must be an object")
+        return
+    if "input" not in params:
+        problems.append(f"{row.where}: responses_create_params.input: missing")
+    else:
+        _check_input(row.where, params["input"], problems)
+    if "tools" in params:
+        _check_tools(row.where, params["tools"], problems)
+
+
+def agent_of(row: Row, default_agent: str | None, agents: Iterable[str], problems: list[str]) -> str | None:
+    """The agent a row is routed to: its ``agent_ref`` name, else the default agent."""
+    known = set(agents)
+    ref = row.data.get("agent_ref")
+    if ref is None:
+        if default_agent is None:
+            problems.append(
+                f"{row.where}: agent_ref: missing, and no --agent default given (running: "
+                f"{', '.join(sorted(known)) or 'none'})"
+            )
+        return default_agent
+    if not isinstance(ref, dict) or not isinstance(ref.get("name"), str):
+        problems.append(f'{row.where}: agent_ref: must be {{"type": "{AGENT_KIND}", "name": ...}}')
+        return None
+    if ref.get("type", AGENT_KIND) != AGENT_KIND:
+        problems.append(f"{row.where}: agent_ref.type: must be '{AGENT_KIND}', got {ref.get('type')!r}")
+        return None
+    if known and ref["name"] not in known:
+        problems.append(f"{row.where}: agent_ref.name: {unknown_name_message('agent', ref['name'], known)}")
+        return None
+    return ref["name"]
+
+
+@dataclass
+class Materialization:
+    """Options that turn rows into jobs; the same options always give the same jobs."""
+
+    num_repeats: int = 1
+    repeats_by_agent: dict[str, int] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+
+    def repeats(self, agent: str) -> int:
+        return self.repeats_by_agent.get(agent, self.num_repeats)
+
+
+def _canonical(data: dict[str, Any]) -> bytes:
+    clean = {k: v for k, v in data.items() if k not in INDEX_FIELDS}
+    return orjson.dumps(clean, option=orjson.OPT_SORT_KEYS)
+
+
+def materialize(rows: list[tuple[Row, str]], options: Materialization) -> Iterator[Job]:
+    """Jobs for (row, agent) pairs: shared task index for identical rows, repeats consecutive."""
+    task_ids: dict[bytes, int] = {}
+    next_rollout: dict[int, int] = {}
+    for row, agent in rows:
+        canonical = _canonical(row.data)
+        task = task_ids.setdefault(canonical, len(task_ids))
+        for _ in range(options.repeats(agent)):
+            rollout = next_rollout.get(task, 0)
+            next_rollout[task] = rollout + 1
+            yield Job(agent, task, rollout, _job_row(row.data, agent, task, rollout, options))
+
+
+def _job_row(
+    data: dict[str, Any], agent: str, task: int, rollout: int, options: Materialization
+) -> dict[str, Any]:
+    params = dict(data["responses_create_params"])
+    params.update(options.sampling)
+    if options.seed is not None:
+        params["seed"] = options.seed + rollout
+    return {
+        **data,
+        "responses_create_params": params,
+        "agent_ref": {"type": AGENT_KIND, "name": agent},
+        TASK_INDEX: task,
+        ROLLOUT_INDEX: rollout,
+    }
+
+
+def load_jobs(
+    path: Path,
+    agents: Iterable[str],
+    default_agent: str | None = None,
+    limit: int | None = None,
+    options: Materialization | None = None,
+) -> list[Job]:
+    """Read, validate and materialize a dataset; raises DatasetError listing every bad row."""
+    problems: list[str] = []
+    if not path.is_file():
+        raise DatasetError([f"{path}: no such file"])
+    known = list(agents)
+    rows = read_rows(path, problems, limit)
+    routed: list[tuple[Row, str]] = []
+    for row in rows:
+        check_row(row, problems)
+        agent = agent_of(row, default_agent, known, problems)
+        if agent is not None:
+            routed.append((row, agent))
+    if not rows and not problems:
+        problems.append(f"{path}: no rows")
+    if problems:
+        raise DatasetError(problems)
+    return list(materialize(routed, options or Materialization()))
