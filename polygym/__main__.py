@@ -12,6 +12,6 @@ import sys
 if sys.path and os.path.realpath(sys.path[0] or os.curdir) == os.path.realpath(os.getcwd()):
     sys.path.pop(0)
 
-from polygym.cli import main  # noqa: E402
+from polygym.cli import main
 
 main()
