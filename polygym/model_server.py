@@ -6,6 +6,7 @@ long conversation at every hop would cost more than the rest of the hop.
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any, ClassVar
 
 from starlette.requests import Request
@@ -14,6 +15,9 @@ from starlette.routing import Route
 
 from polygym.protocol import MODEL_KIND
 from polygym.server import BaseServer, HTTPError, json_endpoint, json_response
+from polygym.sessions import SESSION_COOKIE
+
+_session_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("polygym_model_session", default=None)
 
 
 class ModelServer(BaseServer):
@@ -24,6 +28,15 @@ class ModelServer(BaseServer):
     @property
     def model_name(self) -> str:
         return str(getattr(self.config, "model", None) or self.name)
+
+    @staticmethod
+    def session_id() -> str | None:
+        """The rollout's session id during a request, when the agent forwarded its cookie.
+
+        Agents send the resources server's session cookie along with model calls, so a model
+        server can keep every call of one rollout on the same upstream (prefix-cache reuse).
+        """
+        return _session_id.get()
 
     async def responses(self, body: dict[str, Any]) -> dict[str, Any] | Response:
         raise HTTPError(404, f"{type(self).__name__} does not serve /v1/responses", "not_supported")
@@ -40,9 +53,11 @@ class ModelServer(BaseServer):
         ]
 
     async def _responses(self, body: Any, request: Request) -> Any:
+        _session_id.set(request.cookies.get(SESSION_COOKIE))
         return await self.responses(_require_object(body))
 
     async def _chat(self, body: Any, request: Request) -> Any:
+        _session_id.set(request.cookies.get(SESSION_COOKIE))
         return await self.chat_completions(_require_object(body))
 
     async def _models(self, request: Request) -> Response:

@@ -10,8 +10,11 @@ import click
 
 from polygym import __version__
 from polygym.cli.base import SuggestingGroup
+from polygym.cli.data import data
 from polygym.cli.env import env
+from polygym.cli.env_tools import ENV_COMMANDS, list_group
 from polygym.cli.eval import eval_group
+from polygym.cli.train import train
 
 
 @click.group(cls=SuggestingGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,8 +23,13 @@ def gym() -> None:
     """polygym: train and evaluate LLM policies on many environments at once."""
 
 
+for command in ENV_COMMANDS:
+    env.add_command(command)
 gym.add_command(env)
 gym.add_command(eval_group, name="eval")
+gym.add_command(data)
+gym.add_command(train)
+gym.add_command(list_group)
 
 
 def main() -> None:

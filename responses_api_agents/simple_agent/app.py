@@ -77,7 +77,7 @@ class SimpleAgent(Agent):
         last: dict[str, Any] = {}
         truncated = False
         for step in range(self.config.max_steps):
-            last = await self._model_call({**params, "input": history + output})
+            last = await self._model_call({**params, "input": history + output}, cookies)
             usages.append(last.get("usage"))
             items = last.get("output") or []
             output.extend(items)
@@ -92,9 +92,14 @@ class SimpleAgent(Agent):
         status = "incomplete" if truncated else last.get("status", "completed")
         return new_response(output, last.get("model", ""), sum_usage(usages), status=status, **extra)
 
-    async def _model_call(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def _model_call(self, request: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
+        """One model turn; the session cookie rides along so model servers can route stickily."""
         reply = await self.client.call(
-            self.config.model_server.name, "/v1/responses", request, timeout_s=self.config.model_timeout_s
+            self.config.model_server.name,
+            "/v1/responses",
+            request,
+            cookies=cookies,
+            timeout_s=self.config.model_timeout_s,
         )
         return reply.json()
 
