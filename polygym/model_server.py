@@ -17,7 +17,7 @@ from polygym.protocol import MODEL_KIND
 from polygym.server import BaseServer, HTTPError, json_endpoint, json_response
 from polygym.sessions import SESSION_COOKIE
 
-_session_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("polygym_model_session", default=None)
+_session_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("polygym_session", default=None)
 
 
 class ModelServer(BaseServer):
