@@ -19,7 +19,7 @@ async def test_results_timeouts_and_errors() -> None:
         assert await pool.run(math.factorial, 10, timeout_s=30) == 3628800
         with pytest.raises(CpuTimeout, match=re.escape("sleep exceeded 0.3s")):
             await pool.run(time.sleep, 30, timeout_s=0.3)
-        assert await pool.run(math.factorial, 5, timeout_s=30) == 120  # a fresh worker replaced the killed one
+        assert await pool.run(math.factorial, 5, timeout_s=30) == 120  # replaced worker
         with pytest.raises(ValueError, match="invalid literal"):
             await pool.run(int, "not a number", timeout_s=30)
     finally:
