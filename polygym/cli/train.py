@@ -1,12 +1,248 @@
-"""``gym train``: plan and run multi-environment training."""
+"""``gym train``: plan and run multi-environment training.
+
+``gym train plan SPEC`` shows what every step of a blend will hold before any GPU is spent. The
+helpers below it (``load_spec_or_exit``, ``blend_stack_config``, ``run_blend``) are what
+``gym eval run --blend SPEC --steps N`` uses to collect rollouts step by step.
+"""
 
 from __future__ import annotations
 
-import click
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
 
-from polygym.cli.base import SuggestingGroup
+import click
+import orjson
+from rich.markup import escape
+from rich.table import Table
+
+from polygym.blend import BlendSpec, BlendSpecError, count_rows, load_blend, load_spec, resolve
+from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail, load_stack_config
+from polygym.client import ServerCallError, ServerClient
+from polygym.config import ConfigError, StackConfig
+from polygym.dataset import DatasetError
+from polygym.launcher import LaunchError, Stack
+from polygym.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
+from polygym.protocol import AGENT_KIND
+from polygym.rollouts import Limits
+from polygym.run_files import RunFileError, iter_jsonl
+from polygym.stepwise import StepFiles, StepReport, environments_to_serve, run_steps
+from polygym.suggest import unknown_name_message
+
+EXIT_INTERRUPTED = 130
 
 
 @click.group(cls=SuggestingGroup)
 def train() -> None:
     """Plan and run training on a blend of environments."""
+
+
+def load_spec_or_exit(path: Path) -> BlendSpec:
+    try:
+        return load_spec(path)
+    except BlendSpecError as exc:
+        fail(str(exc), EXIT_USAGE)
+
+
+@train.command("plan")
+@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option(
+    "--warn-below",
+    type=click.IntRange(min=0),
+    default=DEFAULT_WARN_BELOW,
+    show_default=True,
+    help="Warn when an environment gets fewer prompts than this per step.",
+)
+@click.option("--prompts-per-step", type=click.IntRange(min=1), default=None, help="Try another step size.")
+def plan(spec_path: Path, as_json: bool, warn_below: int, prompts_per_step: int | None) -> None:
+    """Show each environment's exact quota of every training step.
+
+    Quotas use largest remainder on the weights after giving every environment its
+    min_per_step; the global batch is prompts_per_step x responses_per_prompt.
+    """
+    spec = load_spec_or_exit(spec_path)
+    if prompts_per_step is not None:
+        spec = spec.model_copy(update={"prompts_per_step": prompts_per_step})
+    try:
+        rows = {env.name: sum(count_rows(p) for p in env.train) for env in resolve(spec)}
+        result = spec.plan(rows, warn_below)
+    except BlendSpecError as exc:
+        fail(str(exc), EXIT_USAGE)
+    except InfeasiblePlanError as exc:
+        fail(f"{spec_path}: {exc}", EXIT_USAGE)
+    if as_json:
+        click.echo(orjson.dumps({"spec": str(spec_path), **result.to_dict()}, option=orjson.OPT_INDENT_2))
+        return
+    print_plan(result, spec)
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, float) else "-" if value is None else str(value)
+
+
+def print_plan(result: Plan, spec: BlendSpec) -> None:
+    out = console()
+    table = Table(title=f"step plan of {escape(spec.source)}", title_justify="left")
+    columns = ("environment", "weight", "target share", "min", "prompts/step", "planned share")
+    for column in (*columns, "rollouts/step", "rows", "steps/epoch"):
+        table.add_column(column, justify="left" if column == "environment" else "right")
+    for row in plan_summary_rows(result):
+        quota = str(row["quota"]) + (" (min)" if row["pinned"] else "")
+        table.add_row(
+            row["name"],
+            f"{row['weight']:g}",
+            f"{row['target_share']:.1%}",
+            str(row["min_per_step"]),
+            quota,
+            f"{row['planned_share']:.1%}",
+            str(row["rollouts_per_step"]),
+            _num(row["rows"]),
+            _num(row["steps_per_epoch"], 1),
+        )
+    out.print(table)
+    out.print(
+        f"global batch: {result.prompts_per_step} prompts x {result.responses_per_prompt} responses = "
+        f"{result.global_batch_size} rollouts per step"
+    )
+    out.print(
+        f"smallest prompts_per_step meeting every minimum: {result.min_prompts_per_step}; "
+        f"smallest with no warnings: {result.suggested_prompts_per_step}"
+    )
+    for warning in result.warnings:
+        out.print(f"[yellow]warning:[/] {escape(warning)}")
+
+
+# ------------------------------------------------------------------ step-wise collection (for eval run)
+
+
+def blend_stack_config(
+    spec: BlendSpec,
+    resources_servers: tuple[str, ...] = (),
+    model_types: tuple[str, ...] = (),
+    configs: tuple[str, ...] = (),
+    overrides: tuple[str, ...] = (),
+) -> StackConfig:
+    """The stack for a blend: the spec's environments plus any selectors given, exiting on errors."""
+    names = tuple(dict.fromkeys((*environments_to_serve(spec), *resources_servers)))
+    return load_stack_config(names, model_types, configs, overrides)
+
+
+def print_step(report: StepReport) -> None:
+    """One line per finished step: shares and rewards per environment, stragglers if any."""
+    parts = []
+    for env in report.envs.values():
+        reward = f"{env.reward_mean:.3f}" if env.reward_mean is not None else "-"
+        extra = f" stragglers {env.stragglers}" if env.stragglers else ""
+        extra += f" failed {env.failures}" if env.failures else ""
+        parts.append(f"{env.env} {env.realized_share:.0%}/{env.target_share:.0%} reward {reward}{extra}")
+    flag = " [yellow](deadline)[/]" if report.timed_out else ""
+    console().print(f"step {report.step}{flag} {report.elapsed_s:.1f}s: " + escape("; ".join(parts)))
+
+
+async def run_blend(
+    spec: BlendSpec,
+    config: StackConfig | None,
+    steps: int,
+    output: Path,
+    limits: Limits,
+    start_step: int = 0,
+    step_timeout_s: float | None = None,
+    overwrite: bool = False,
+    head_url: str | None = None,
+    backend: str = "inline",
+    sampling: dict[str, Any] | None = None,
+) -> int:
+    """Collect ``steps`` steps of ``spec``: start a stack from ``config`` (or use ``head_url``),
+    print a line per step, and return the exit code (2 bad input, 1 stack trouble, 130 Ctrl-C)."""
+    err = console(stderr=True)
+    try:
+        blend = load_blend(spec)
+        blend.plan()
+    except (BlendSpecError, DatasetError, InfeasiblePlanError) as exc:
+        err.print("[red]error:[/]", escape(str(exc)))
+        return EXIT_USAGE
+    stack: Stack | None = None
+    client: ServerClient | None = None
+    try:
+        if config is not None:
+            agents = [s.name for s in config.by_kind(AGENT_KIND)]
+            _check_agents(blend.environments, agents)
+            stack = Stack(config, backend, head_port=0)
+            await stack.start()
+            client = stack.client or ServerClient(stack.head_url, pool_size=limits.concurrency)
+        else:
+            if head_url is None:
+                err.print("[red]error:[/] no stack: pass a config or a head URL")
+                return EXIT_USAGE
+            client = ServerClient(head_url, pool_size=max(64, limits.concurrency))
+            servers = await client.servers()
+            _check_agents(blend.environments, [s["name"] for s in servers if s["kind"] == AGENT_KIND])
+        task = asyncio.ensure_future(
+            run_steps(
+                client,
+                blend,
+                steps,
+                output,
+                limits,
+                start_step,
+                step_timeout_s,
+                overwrite,
+                sampling,
+                print_step,
+            )
+        )
+        return await _wait_interruptible(task, output, start_step, steps)
+    except (ValueError, RunFileError, ConfigError) as exc:
+        err.print("[red]error:[/]", escape(str(exc)))
+        return EXIT_USAGE
+    except (LaunchError, ServerCallError) as exc:
+        err.print("[red]error:[/]", escape(str(exc)))
+        return EXIT_FAILURE
+    finally:
+        if stack is not None:
+            await stack.stop()
+        elif client is not None:
+            await client.close()
+
+
+def _check_agents(environments: list[Any], agents: list[str]) -> None:
+    for env in environments:
+        if env.agent not in agents:
+            raise ValueError(f"environment {env.name}: " + unknown_name_message("agent", env.agent, agents))
+
+
+def next_step(output: Path, start: int = 0) -> int:
+    """The first step not yet finished in ``output``'s steps file (``start`` when there is none)."""
+    finished = [line.get("step") for line in iter_jsonl(StepFiles(output).steps)]
+    return max([start - 1, *(s for s in finished if isinstance(s, int))]) + 1
+
+
+async def _wait_interruptible(
+    task: asyncio.Future[list[StepReport]], output: Path, start: int, steps: int
+) -> int:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        reports = await task
+    except asyncio.CancelledError:
+        resume_at = next_step(output, start)
+        console(stderr=True).print(
+            f"[yellow]interrupted:[/] steps {start}..{resume_at - 1} are complete in {escape(str(output))}; "
+            f"continue with --start-step {resume_at}"
+        )
+        return EXIT_INTERRUPTED
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    stragglers = sum(r.total.stragglers for r in reports)
+    failures = sum(r.total.failures for r in reports)
+    files = StepFiles(output)
+    console().print(
+        f"{len(reports)} steps ({start}..{start + steps - 1}) collected: "
+        f"{sum(r.total.completed for r in reports)} rollouts, {failures} failed, {stragglers} stragglers. "
+        f"Files: {', '.join(str(p) for p in files.all())}"
+    )
+    return 0

@@ -1,0 +1,191 @@
+"""Throughput: rollouts/s, latency percentiles, CPU per rollout and peak RSS of the whole stack.
+
+The two example environments behind simple_agent, with a model that answers after a fixed delay:
+by default the scripted model served as an *external* endpoint (its own `gym env start` process)
+behind `openai_model`, so the proxy hop is measured too; `--via scripted` puts the scripted model
+inside the stack instead. The collector is `polygym.rollouts.collect`, the engine of
+`gym eval run`: `--collector inproc` hosts the stack in this process (what `gym eval run` does by
+default), `--collector http` talks to a separate `gym env start` (what `--no-serve` does).
+
+Each cell runs ROLLOUTS rollouts or stops after --max-seconds, whichever is first (a cell at
+concurrency 1 with 200 ms model latency would otherwise take half an hour).
+
+    python benchmarks/throughput.py                        # the full grid
+    python benchmarks/throughput.py --concurrency 64 --latency-ms 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from benchmarks.harness import ROOT, GymStack, MemorySampler, cpu_seconds, percentile, print_table, write_json
+from polygym.catalog import selector_paths
+from polygym.client import ServerClient
+from polygym.config import load_config
+from polygym.dataset import Materialization, load_jobs
+from polygym.launcher import Stack
+from polygym.rollouts import Limits, collect
+
+ENVS = ("example_single_tool_call", "example_multi_step")
+AGENTS = [f"{e}_simple_agent" for e in ENVS]
+
+
+def mixed_input(path: Path) -> Path:
+    with path.open("wb") as handle:
+        for env in ENVS:
+            for line in (
+                (ROOT / "resources_servers" / env / "data" / "example.jsonl").read_bytes().splitlines()
+            ):
+                row = orjson.loads(line)
+                row["agent_ref"] = {"type": "responses_api_agents", "name": f"{env}_simple_agent"}
+                handle.write(orjson.dumps(row) + b"\n")
+    return path
+
+
+def model_calls(rollout: dict[str, Any]) -> int:
+    """Model turns in a rollout of the scripted policy (one call or one answer per turn)."""
+    return sum(
+        1 for item in rollout["response"]["output"] if item.get("type") in ("function_call", "message")
+    )
+
+
+def stack_args(via: str, upstream: str | None, latency_ms: float) -> tuple[list[str], list[str]]:
+    """(selectors, overrides) of the measured stack."""
+    selectors = [a for e in ENVS for a in ("--resources-server", e)]
+    if via == "openai":
+        return ["--model-type", "openai_model", *selectors], [
+            f"policy_base_url={upstream}",
+            "policy_api_key=bench",
+            "policy_model_name=scripted",
+        ]
+    return ["--model-type", "scripted_model", *selectors], [
+        f"policy_model.responses_api_models.scripted_model.latency_ms={latency_ms}"
+    ]
+
+
+async def run_cell(
+    client: ServerClient, jobs: list[Any], concurrency: int, max_seconds: float
+) -> dict[str, Any]:
+    latencies: list[float] = []
+    calls: list[int] = []
+    failures = 0
+    began = time.perf_counter()
+    async for result in collect(jobs, client, Limits(concurrency=concurrency, timeout_s=120)):
+        if result.ok:
+            latencies.append(result.latency_s)
+            calls.append(model_calls(result.rollout))
+        else:
+            failures += 1
+        if time.perf_counter() - began > max_seconds:
+            break
+    wall = time.perf_counter() - began
+    return {"wall": wall, "latencies": latencies, "calls": calls, "failures": failures}
+
+
+async def measure(
+    args: argparse.Namespace, concurrency: int, latency_ms: float, state: Path
+) -> dict[str, Any]:
+    jobs_path = mixed_input(state / "input.jsonl")
+    jobs = load_jobs(jobs_path, AGENTS, options=Materialization(num_repeats=max(1, args.rollouts // 10)))
+    upstream = None
+    external: list[GymStack] = []
+    if args.via == "openai":
+        up = GymStack(
+            [
+                "--model-type",
+                "scripted_model",
+                f"policy_model.responses_api_models.scripted_model.latency_ms={latency_ms}",
+            ],
+            state / "up",
+        )
+        external.append(up)
+        upstream = up.url_of("policy_model") + "/v1"
+    selectors, overrides = stack_args(args.via, upstream, latency_ms)
+    stack: Stack | None = None
+    try:
+        if args.collector == "http":
+            served = GymStack([*selectors, "--backend", args.backend, *overrides], state / "stack")
+            external.append(served)
+            client = ServerClient(served.record["head_url"], pool_size=max(64, concurrency))
+        else:
+            rs = [e for e in ENVS]
+            model = "openai_model" if args.via == "openai" else "scripted_model"
+            config = load_config(selector_paths(rs, [model], []), overrides, env_files=[])
+            stack = Stack(config, backend=args.backend, head_port=0, record=False)
+            await stack.start()
+            client = stack.client or ServerClient(stack.head_url, pool_size=max(64, concurrency))
+        pids = [os.getpid(), *[p for e in external for p in e.pids]]
+        if stack is not None and not stack.client:
+            pids += list(stack.backend.pids().values())  # type: ignore[union-attr]
+        await run_cell(client, jobs[: min(len(jobs), 40)], min(concurrency, 16), 30)  # warm-up
+        cpu_before = cpu_seconds(pids)
+        with MemorySampler(pids) as memory:
+            cell = await run_cell(client, jobs, concurrency, args.max_seconds)
+        cpu = cpu_seconds(pids) - cpu_before
+        if stack is None:
+            await client.close()
+    finally:
+        if stack is not None:
+            await stack.stop()
+        for proc in external:
+            proc.stop()
+    done = len(cell["latencies"])
+    calls = sum(cell["calls"]) / done if done else float("nan")
+    rate = done / cell["wall"] if cell["wall"] else 0.0
+    ideal = concurrency / (calls * latency_ms / 1000) if latency_ms else float("nan")
+    return {
+        "concurrency": concurrency,
+        "latency_ms": latency_ms,
+        "rollouts": done,
+        "failures": cell["failures"],
+        "rollouts_per_s": rate,
+        "pct_of_ideal": 100 * rate / ideal if latency_ms else float("nan"),
+        "p50_s": percentile(cell["latencies"], 50),
+        "p95_s": percentile(cell["latencies"], 95),
+        "p99_s": percentile(cell["latencies"], 99),
+        "cpu_ms_per_rollout": 1000 * cpu / done if done else float("nan"),
+        "peak_rss_mib": memory.peak / 2**20,
+        "model_calls_per_rollout": calls,
+    }
+
+
+def parse_list(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--concurrency", default="1,16,64,256,1024")
+    parser.add_argument("--latency-ms", default="0,200")
+    parser.add_argument("--via", choices=["openai", "scripted"], default="openai")
+    parser.add_argument("--collector", choices=["inproc", "http"], default="inproc")
+    parser.add_argument("--backend", choices=["inline", "subprocess"], default="inline")
+    parser.add_argument("--max-seconds", type=float, default=60.0)
+    parser.add_argument("--name", default="throughput")
+    args = parser.parse_args()
+    rows = []
+    for latency in parse_list(args.latency_ms):
+        for concurrency in parse_list(args.concurrency):
+            with tempfile.TemporaryDirectory() as tmp:
+                row = asyncio.run(measure(args, int(concurrency), latency, Path(tmp)))
+            rows.append(row)
+            print_table(
+                f"{args.name}: via={args.via} collector={args.collector} backend={args.backend}", [row]
+            )
+    print_table(f"{args.name}: via={args.via} collector={args.collector} backend={args.backend}", rows)
+    write_json(args.name, {"args": vars(args), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""The step planner: how many prompts of each environment go into every training step.
+
+A multi-environment step must hold enough prompts of every environment, or the gradient of that
+step is skewed towards whichever environment happened to dominate it. The planner turns weights
+and per-environment minimums into one exact quota per environment, the same in every step:
+
+1. Minimums first. An environment whose weight share of ``prompts_per_step`` falls below its
+   ``min_per_step`` is given exactly its minimum and leaves the pool; the remaining prompts are
+   shared among the remaining environments by weight, and this repeats until no share falls
+   below its minimum. A pinned environment never gets more than its minimum.
+2. Largest remainder (Hamilton) among the others: each gets the floor of its share, and the prompts
+   left over go to the largest fractional parts (ties: the earlier environment in the spec).
+
+Shares are computed with exact fractions, so the plan is the same on every machine. Quotas sum to
+``prompts_per_step`` exactly, every minimum is honoured, and without binding minimums every quota
+is within one prompt of its weight share (the property of largest remainder).
+
+Quotas are fixed per step rather than rotated between steps: a trainer then sees the same mix in
+every step, and a step can be sampled on its own (resume from step N without replaying). The price
+is rounding: three equal environments in a step of 4 prompts get 2, 1, 1. The plan warns when the
+planned share strays from the weight share and suggests a step size that fits the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from typing import Any
+
+DEFAULT_WARN_BELOW = 2
+SHARE_DRIFT_WARNING = Fraction(1, 5)
+"""Warn when an environment's planned share differs from its weight share by more than 20%."""
+
+
+class InfeasiblePlanError(ValueError):
+    """The minimums cannot fit in a step; the message says which step size would work."""
+
+    def __init__(self, message: str, min_prompts_per_step: int) -> None:
+        super().__init__(message)
+        self.min_prompts_per_step = min_prompts_per_step
+
+
+@dataclass(frozen=True)
+class EnvDemand:
+    """What one environment asks of a step: a weight (> 0) and an optional minimum of prompts."""
+
+    name: str
+    weight: float
+    min_per_step: int = 0
+    rows: int | None = None
+    """Prompts in the environment's training data, when known (for steps per epoch)."""
+
+
+@dataclass(frozen=True)
+class EnvPlan:
+    name: str
+    weight: float
+    target_share: float
+    quota: int
+    planned_share: float
+    min_per_step: int
+    pinned: bool
+    """True when the quota was raised to the environment's minimum above its weight share."""
+    rows: int | None
+    steps_per_epoch: float | None
+    """Steps until every prompt of the environment has been used once (None: unknown or starved)."""
+    rollouts_per_step: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    prompts_per_step: int
+    responses_per_prompt: int
+    environments: list[EnvPlan]
+    warnings: list[str] = field(default_factory=list)
+    min_prompts_per_step: int = 1
+    """The smallest step that gives every environment its minimum (with minimums enforced)."""
+    suggested_prompts_per_step: int = 1
+    """The smallest step whose plain weight shares already reach every minimum and the warning
+    threshold, so no quota has to be forced and no environment is starved."""
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.prompts_per_step * self.responses_per_prompt
+
+    @property
+    def quotas(self) -> dict[str, int]:
+        return {env.name: env.quota for env in self.environments}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompts_per_step": self.prompts_per_step,
+            "responses_per_prompt": self.responses_per_prompt,
+            "global_batch_size": self.global_batch_size,
+            "environments": [asdict(env) for env in self.environments],
+            "warnings": list(self.warnings),
+            "min_prompts_per_step": self.min_prompts_per_step,
+            "suggested_prompts_per_step": self.suggested_prompts_per_step,
+        }
+
+
+def _fractions(demands: Sequence[EnvDemand]) -> list[Fraction]:
+    weights = []
+    for demand in demands:
+        if not (demand.weight > 0 and math.isfinite(demand.weight)):
+            raise ValueError(f"{demand.name}: weight must be a finite number > 0, got {demand.weight}")
+        if demand.min_per_step < 0:
+            raise ValueError(f"{demand.name}: min_per_step must be >= 0, got {demand.min_per_step}")
+        weights.append(Fraction(demand.weight))
+    return weights
+
+
+def largest_remainder(weights: Sequence[Fraction], total: int) -> list[int]:
+    """Hamilton apportionment of ``total`` by ``weights``; ties go to the earlier index."""
+    if not weights:
+        return []
+    whole = sum(weights, Fraction(0))
+    ideal = [w * total / whole for w in weights]
+    quotas = [math.floor(x) for x in ideal]
+    left = total - sum(quotas)
+    order = sorted(range(len(weights)), key=lambda i: (-(ideal[i] - quotas[i]), i))
+    for i in order[:left]:
+        quotas[i] += 1
+    return quotas
+
+
+def apportion(demands: Sequence[EnvDemand], total: int) -> list[int]:
+    """Exact quotas for one step of ``total`` prompts (see the module docstring for the rule)."""
+    if total < 1:
+        raise ValueError(f"prompts_per_step must be at least 1, got {total}")
+    weights = _fractions(demands)
+    names = [d.name for d in demands]
+    if len(set(names)) != len(names):
+        raise ValueError(f"environment names must be unique: {names}")
+    minimums = [d.min_per_step for d in demands]
+    needed = sum(minimums)
+    if needed > total:
+        raise InfeasiblePlanError(
+            f"infeasible plan: the minimums add up to {needed} prompts "
+            f"({', '.join(f'{d.name}: {d.min_per_step}' for d in demands if d.min_per_step)}) but "
+            f"prompts_per_step is {total}; raise prompts_per_step to at least {needed}"
+            f" ({suggest_prompts_per_step(demands, 0)} meets them by weight alone)",
+            needed,
+        )
+    pinned: set[int] = set()
+    while True:
+        free = [i for i in range(len(demands)) if i not in pinned]
+        remaining = total - sum(minimums[i] for i in pinned)
+        free_weight = sum((weights[i] for i in free), Fraction(0))
+        newly = {i for i in free if weights[i] * remaining / free_weight < minimums[i]}
+        if not newly:
+            break
+        pinned |= newly
+    quotas = [0] * len(demands)
+    for i in pinned:
+        quotas[i] = minimums[i]
+    free = [i for i in range(len(demands)) if i not in pinned]
+    for i, quota in zip(free, largest_remainder([weights[i] for i in free], remaining), strict=True):
+        quotas[i] = quota
+    return quotas
+
+
+def _pinned(demands: Sequence[EnvDemand], quotas: Sequence[int], total: int) -> list[bool]:
+    weights = _fractions(demands)
+    whole = sum(weights, Fraction(0))
+    return [
+        d.min_per_step > 0 and q == d.min_per_step and weights[i] * total / whole < d.min_per_step
+        for i, (d, q) in enumerate(zip(demands, quotas, strict=True))
+    ]
+
+
+def _fits(weights: Sequence[Fraction], quotas: Sequence[int], needs: Sequence[int], total: int) -> bool:
+    whole = sum(weights, Fraction(0))
+    for weight, quota, need in zip(weights, quotas, needs, strict=True):
+        target = weight / whole
+        if quota < need or abs(Fraction(quota, total) - target) > SHARE_DRIFT_WARNING * target:
+            return False
+    return True
+
+
+def suggest_prompts_per_step(demands: Sequence[EnvDemand], warn_below: int = DEFAULT_WARN_BELOW) -> int:
+    """Smallest step size that needs no warning: plain weight shares (no forced minimums) give
+    every environment max(min_per_step, warn_below) prompts and stay within 20% of its weight share.
+
+    Largest remainder is not monotone in the step size (Alabama paradox), so sizes are tried
+    upwards. The search is bounded: at ``ceil(max(need * total_weight / weight))`` every share is
+    at least its need, and from ``5 / smallest share`` on rounding (under one prompt) drifts less
+    than 20%.
+    """
+    if not demands:
+        return 1
+    weights = _fractions(demands)
+    whole = sum(weights, Fraction(0))
+    needs = [max(d.min_per_step, warn_below) for d in demands]
+    bound = max(math.ceil(n * whole / w) for n, w in zip(needs, weights, strict=True))
+    bound = max(bound, math.ceil(whole / min(weights) / SHARE_DRIFT_WARNING), 1)
+    start = max(1, sum(needs))
+    for total in range(start, max(start, bound) + 1):
+        if _fits(weights, largest_remainder(weights, total), needs, total):
+            return total
+    return max(start, bound)
+
+
+def make_plan(
+    demands: Sequence[EnvDemand],
+    prompts_per_step: int,
+    responses_per_prompt: int = 1,
+    warn_below: int = DEFAULT_WARN_BELOW,
+) -> Plan:
+    """The plan of one step shape; raises InfeasiblePlanError when the minimums cannot fit."""
+    if not demands:
+        raise ValueError("a plan needs at least one environment")
+    if responses_per_prompt < 1:
+        raise ValueError(f"responses_per_prompt must be at least 1, got {responses_per_prompt}")
+    quotas = apportion(demands, prompts_per_step)
+    weights = _fractions(demands)
+    whole = sum(weights, Fraction(0))
+    pinned = _pinned(demands, quotas, prompts_per_step)
+    suggested = suggest_prompts_per_step(demands, warn_below)
+    envs: list[EnvPlan] = []
+    warnings: list[str] = []
+    for demand, weight, quota, is_pinned in zip(demands, weights, quotas, pinned, strict=True):
+        target = float(weight / whole)
+        planned = quota / prompts_per_step
+        steps_per_epoch = demand.rows / quota if demand.rows is not None and quota > 0 else None
+        envs.append(
+            EnvPlan(
+                name=demand.name,
+                weight=demand.weight,
+                target_share=target,
+                quota=quota,
+                planned_share=planned,
+                min_per_step=demand.min_per_step,
+                pinned=is_pinned,
+                rows=demand.rows,
+                steps_per_epoch=steps_per_epoch,
+                rollouts_per_step=quota * responses_per_prompt,
+            )
+        )
+        warnings.extend(_warnings(demand, quota, target, planned, is_pinned, warn_below, suggested))
+    return Plan(
+        prompts_per_step=prompts_per_step,
+        responses_per_prompt=responses_per_prompt,
+        environments=envs,
+        warnings=warnings,
+        min_prompts_per_step=max(1, sum(d.min_per_step for d in demands)),
+        suggested_prompts_per_step=suggested,
+    )
+
+
+def _warnings(
+    demand: EnvDemand,
+    quota: int,
+    target: float,
+    planned: float,
+    pinned: bool,
+    warn_below: int,
+    suggested: int,
+) -> list[str]:
+    out: list[str] = []
+    hint = f"prompts_per_step {suggested} fits every environment by weight"
+    if quota < demand.min_per_step:  # cannot happen for a feasible plan; kept as a safety net
+        out.append(f"{demand.name}: {quota} prompts per step, below its min_per_step {demand.min_per_step}")
+    elif quota == 0:
+        out.append(f"{demand.name}: starved, 0 prompts per step (weight share {target:.1%}); {hint}")
+    elif quota < warn_below:
+        out.append(
+            f"{demand.name}: only {quota} prompt{'s' if quota != 1 else ''} per step "
+            f"(below {warn_below}); its gradient signal per step is noisy; {hint}"
+        )
+    if pinned:
+        out.append(
+            f"{demand.name}: raised to its min_per_step {demand.min_per_step} "
+            f"(planned share {planned:.1%}, weight share {target:.1%})"
+        )
+    elif quota > 0 and abs(planned - target) > float(SHARE_DRIFT_WARNING) * target:
+        out.append(
+            f"{demand.name}: rounding gives a planned share of {planned:.1%} against a weight share of "
+            f"{target:.1%}; {hint}"
+        )
+    return out
+
+
+def plan_summary_rows(plan: Plan) -> list[dict[str, Any]]:
+    """Rows for a table: one per environment plus an ``(all)`` total."""
+    rows = [asdict(env) for env in plan.environments]
+    rows.append(
+        {
+            "name": "(all)",
+            "weight": sum(env.weight for env in plan.environments),
+            "target_share": 1.0,
+            "quota": plan.prompts_per_step,
+            "planned_share": 1.0,
+            "min_per_step": sum(env.min_per_step for env in plan.environments),
+            "pinned": False,
+            "rows": None,
+            "steps_per_epoch": None,
+            "rollouts_per_step": plan.global_batch_size,
+        }
+    )
+    return rows
+
+
+def demands_from_weights(
+    weights: Mapping[str, float],
+    minimums: Mapping[str, int] | None = None,
+    rows: Mapping[str, int] | None = None,
+) -> list[EnvDemand]:
+    """Convenience for callers that hold plain mappings (order of ``weights`` is kept)."""
+    minimums = minimums or {}
+    rows = rows or {}
+    return [EnvDemand(name, w, minimums.get(name, 0), rows.get(name)) for name, w in weights.items()]
