@@ -9,6 +9,7 @@ whose connection pool is sized to the caller's concurrency, so no hidden limit s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
@@ -21,6 +22,9 @@ from polygym.retry import RetryPolicy
 from polygym.suggest import unknown_name_message
 
 DEFAULT_TIMEOUT_S = 300.0
+Dispatch = Callable[
+    [str, str, bytes, dict[str, str]], Awaitable[tuple[int, list[tuple[bytes, bytes]], bytes] | None]
+]
 DEFAULT_RETRY = RetryPolicy()
 
 
@@ -89,13 +93,20 @@ class ServerClient:
         self.pool_size = pool_size
         self.timeout_s = timeout_s
         self._local: dict[str, ASGIApp] = {}
+        self._dispatch: dict[str, Dispatch] = {}
         self._addresses: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
 
     # -- name resolution -------------------------------------------------------------------
-    def add_local(self, name: str, app: ASGIApp) -> None:
-        """Route calls to ``name`` straight into ``app`` (same process, no socket)."""
+    def add_local(self, name: str, app: ASGIApp, dispatch: Dispatch | None = None) -> None:
+        """Route calls to ``name`` straight into ``app`` (same process, no socket).
+
+        ``dispatch`` (a server's ``dispatch`` method) serves JSON routes without going through
+        the ASGI stack at all; routes it declines still go through ``app``.
+        """
         self._local[name] = app
+        if dispatch is not None:
+            self._dispatch[name] = dispatch
 
     def set_address(self, name: str, url: str) -> None:
         self._addresses[name] = url.rstrip("/")
@@ -164,6 +175,12 @@ class ServerClient:
     async def _send(
         self, name: str, method: str, path: str, body: bytes, cookies: dict[str, str] | None, timeout_s: float
     ) -> Reply:
+        dispatch = self._dispatch.get(name)
+        if dispatch is not None:
+            async with asyncio.timeout(timeout_s):
+                served = await dispatch(method, path, body, cookies or {})
+            if served is not None:
+                return Reply(served[0], served[2], _cookies_from_headers(served[1]))
         headers = [(b"content-type", b"application/json"), *_cookie_header(cookies)]
         app = self._local.get(name)
         if app is not None:

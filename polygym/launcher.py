@@ -86,7 +86,7 @@ class InlineBackend:
         self.client = ServerClient(head_url, pool_size=self.pool_size)
         built = [(spec, build_server(spec, self.client)) for spec in specs]
         for spec, server in built:
-            self.client.add_local(spec.name, server.app)
+            self.client.add_local(spec.name, server.app, server.dispatch)
         for spec, server in built:
             app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
             await app_server.start()

@@ -42,7 +42,7 @@ async def serve(payload: dict[str, Any]) -> None:
     spec = spec_from_dict(payload["spec"])
     client = ServerClient(payload["head_url"], pool_size=int(spec.config.get("pool_size", 1024)))
     server = build_server(spec, client)
-    client.add_local(spec.name, server.app)
+    client.add_local(spec.name, server.app, server.dispatch)
     app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
     await app_server.start()
     stop = asyncio.Event()

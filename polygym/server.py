@@ -15,11 +15,13 @@ import logging
 import os
 import typing
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -70,29 +72,44 @@ def validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-Handler = Callable[[Any, Request], Awaitable[Any]]
+Handler = Callable[[Any, Any], Awaitable[Any]]
 
 
-def json_endpoint(
-    handler: Handler, model: type[BaseModel] | None = None
-) -> Callable[[Request], Awaitable[Response]]:
-    """Wrap ``handler(body, request)`` as a Starlette endpoint with uniform error handling.
+class DirectRequest:
+    """What our handlers read from a Starlette Request, for calls made inside one process."""
+
+    def __init__(self, path: str, cookies: dict[str, str]) -> None:
+        self.cookies = cookies
+        self.state = State()
+        self.url = SimpleNamespace(path=path)
+
+
+class JsonEndpoint:
+    """``handler(body, request)`` as a JSON endpoint with uniform error handling.
 
     ``body`` is the validated ``model`` instance, or the parsed JSON when no model is given.
+    ``handle_request`` serves it through Starlette; ``respond`` is the same endpoint for an
+    in-process caller, which skips routing, middleware and the Request object entirely.
     """
 
-    async def endpoint(request: Request) -> Response:
-        raw = await request.body()
+    def __init__(self, handler: Handler, model: type[BaseModel] | None = None) -> None:
+        self.handler = handler
+        self.model = model
+
+    async def handle_request(self, request: Request) -> Response:
+        return await self.respond(await request.body(), request)
+
+    async def respond(self, raw: bytes, request: Any) -> Response:
         try:
             data = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError as exc:
             return error_response(400, "invalid_json", f"request body is not valid JSON: {exc}")
         try:
-            body = model.model_validate(data) if model is not None else data
+            body = self.model.model_validate(data) if self.model is not None else data
         except ValidationError as exc:
             return error_response(422, "validation_error", validation_message(exc))
         try:
-            result = await handler(body, request)
+            result = await self.handler(body, request)
         except HTTPError as exc:
             return error_response(exc.status, exc.error_type, exc.message)
         except ValidationError as exc:
@@ -103,7 +120,12 @@ def json_endpoint(
             return error_response(500, type(exc).__name__, str(exc) or repr(exc))
         return result if isinstance(result, Response) else json_response(result)
 
-    return endpoint
+
+def json_endpoint(
+    handler: Handler, model: type[BaseModel] | None = None
+) -> Callable[[Request], Awaitable[Response]]:
+    """A Starlette endpoint for ``handler``; in-process callers find its JsonEndpoint through it."""
+    return JsonEndpoint(handler, model).handle_request
 
 
 def body_model(method: Callable[..., Any], param: str = "body") -> type[BaseModel] | None:
@@ -131,6 +153,7 @@ class BaseServer:
         self.config = config if isinstance(config, ServerConfig) else self.Config.model_validate(config or {})
         self.client = client or ServerClient()
         self._app: Starlette | None = None
+        self._direct: dict[tuple[str, str], JsonEndpoint] = {}
 
     @property
     def implementation(self) -> str:
@@ -145,8 +168,25 @@ class BaseServer:
     @property
     def app(self) -> Starlette:
         if self._app is None:
-            self._app = Starlette(routes=self.routes(), lifespan=self._lifespan)
+            routes = self.routes()
+            self._direct = {
+                (method, route.path): route.endpoint.__self__
+                for route in routes
+                if isinstance(getattr(route.endpoint, "__self__", None), JsonEndpoint)
+                for method in route.methods or ()
+            }
+            self._app = Starlette(routes=routes, lifespan=self._lifespan)
         return self._app
+
+    async def dispatch(
+        self, method: str, path: str, body: bytes, cookies: dict[str, str]
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """Serve a JSON route for a caller in this process; None when the route needs Starlette."""
+        endpoint = self._direct.get((method, path)) if self._app is not None else None
+        if endpoint is None:
+            return None
+        response = await endpoint.respond(body, DirectRequest(path, cookies))
+        return response.status_code, response.raw_headers, bytes(response.body)
 
     async def startup(self) -> None:
         """Called once before the first request; override to open resources."""
