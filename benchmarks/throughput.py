@@ -126,10 +126,12 @@ async def measure(
         if stack is not None and not stack.client:
             pids += list(stack.backend.pids().values())  # type: ignore[union-attr]
         await run_cell(client, jobs[: min(len(jobs), 40)], min(concurrency, 16), 30)  # warm-up
-        cpu_before = cpu_seconds(pids)
+        upstream_pids = external[0].pids if args.via == "openai" else []
+        cpu_before, upstream_before = cpu_seconds(pids), cpu_seconds(upstream_pids)
         with MemorySampler(pids) as memory:
             cell = await run_cell(client, jobs, concurrency, args.max_seconds)
         cpu = cpu_seconds(pids) - cpu_before
+        upstream_cpu = cpu_seconds(upstream_pids) - upstream_before
         if stack is None:
             await client.close()
     finally:
@@ -152,6 +154,7 @@ async def measure(
         "p95_s": percentile(cell["latencies"], 95),
         "p99_s": percentile(cell["latencies"], 99),
         "cpu_ms_per_rollout": 1000 * cpu / done if done else float("nan"),
+        "of_which_endpoint_ms": 1000 * upstream_cpu / done if done else float("nan"),
         "peak_rss_mib": memory.peak / 2**20,
         "model_calls_per_rollout": calls,
     }
