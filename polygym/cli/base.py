@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import yaml
 from rich.console import Console
 
 from polygym.catalog import selector_paths
 from polygym.config import ConfigError, StackConfig, load_config
+from polygym.protocol import MODEL_KIND
 from polygym.suggest import unknown_name_message
 
 T = TypeVar("T")
@@ -58,15 +61,37 @@ def selector_options(func: F) -> F:
     return func
 
 
+DEFAULT_MODEL_TYPE = "local_model"
+
+
+def defines_model_server(paths: list[Path]) -> bool:
+    """Whether any selected file declares a model server (so no default is needed)."""
+    for path in paths:
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return True  # let the loader report the problem with its file and line
+        blocks = data.values() if isinstance(data, dict) else []
+        if any(isinstance(block, dict) and MODEL_KIND in block for block in blocks):
+            return True
+    return False
+
+
 def load_stack_config(
     resources_servers: tuple[str, ...],
     model_types: tuple[str, ...],
     configs: tuple[str, ...],
     overrides: tuple[str, ...],
 ) -> StackConfig:
-    """Resolve selectors and load the merged config, exiting with every problem listed."""
+    """Resolve selectors and load the merged config, exiting with every problem listed.
+
+    Without ``--model-type``, and when no selected file declares a model server, the embedded
+    ``local_model`` is the policy: the stack then runs with nothing but installed packages.
+    """
     try:
         paths = selector_paths(list(resources_servers), list(model_types), list(configs))
+        if paths and not model_types and not defines_model_server(paths):
+            paths = selector_paths([], [DEFAULT_MODEL_TYPE], []) + paths
         if not paths:
             raise ConfigError(
                 ["nothing selected: pass --resources-server NAME, --model-type TYPE or --config PATH"]
