@@ -148,7 +148,9 @@ def split_think(text: str) -> tuple[str | None, str]:
     return text[start + len(THINK_OPEN) : end].strip(), (before + text[end + len(THINK_CLOSE) :]).lstrip()
 
 
-def reasoning_item(text: str, where: ReasoningOutput = "summary", item_id: str | None = None) -> dict[str, Any]:
+def reasoning_item(
+    text: str, where: ReasoningOutput = "summary", item_id: str | None = None
+) -> dict[str, Any]:
     """A Responses ``reasoning`` item holding ``text`` in its summary or its content."""
     item: dict[str, Any] = {"type": "reasoning", "id": item_id or new_id("rs")}
     if where == "content":
@@ -253,7 +255,10 @@ def input_to_messages(
                 {
                     "id": item.get("call_id") or item.get("id") or new_id("call"),
                     "type": "function",
-                    "function": {"name": item.get("name", ""), "arguments": _arguments(item.get("arguments"))},
+                    "function": {
+                        "name": item.get("name", ""),
+                        "arguments": _arguments(item.get("arguments")),
+                    },
                 }
             )
         elif kind == "function_call_output":
@@ -563,14 +568,17 @@ def chat_completion_to_response(
     if thought is None and parse_think and (THINK_OPEN in text or THINK_CLOSE in text):
         thought, text = split_think(text)
     output: list[dict[str, Any]] = []
+    tool_calls = message.get("tool_calls") or []
     if thought:
         output.append(reasoning_item(thought, reasoning_output))
-    if text:
-        output.append(message_item(text))
-    for call in message.get("tool_calls") or []:
+    if text.strip() or (text and not thought and not tool_calls):
+        output.append(message_item(text))  # not the bare newlines some templates leave before calls
+    for call in tool_calls:
         function = call.get("function") or {}
         output.append(
-            function_call_item(function.get("name", ""), _arguments(function.get("arguments")), call.get("id"))
+            function_call_item(
+                function.get("name", ""), _arguments(function.get("arguments")), call.get("id")
+            )
         )
     if not output:
         output.append(message_item(""))
@@ -613,7 +621,10 @@ def response_to_chat_completion(response: dict[str, Any], model: str | None = No
                 {
                     "id": item.get("call_id") or new_id("call"),
                     "type": "function",
-                    "function": {"name": item.get("name", ""), "arguments": _arguments(item.get("arguments"))},
+                    "function": {
+                        "name": item.get("name", ""),
+                        "arguments": _arguments(item.get("arguments")),
+                    },
                 }
             )
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}

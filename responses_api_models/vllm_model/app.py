@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from pydantic import Field, field_validator
@@ -47,7 +47,6 @@ from polygym.model_server import ModelServer
 from polygym.protocol import input_items, new_response
 from polygym.retry import NO_RETRY, RetryPolicy
 from polygym.server import HTTPError, ServerConfig
-
 from responses_api_models.vllm_model.routing import UpstreamPool, content_key
 
 logger = logging.getLogger("polygym.vllm_model")
@@ -274,7 +273,7 @@ class VLLMModel(ModelServer):
         )
         chat = {**self.config.extra_body, **chat, "model": self.config.model}
         if want_tokens:
-            chat.update(TOKEN_REQUEST_FIELDS)
+            _ask_for_tokens(chat)
         key = self._key() or content_key([body.get("instructions"), _opening(items)])
         reply, url = await self._post("/chat/completions", chat, key)
         overflow = context_overflow(reply)
@@ -308,7 +307,9 @@ class VLLMModel(ModelServer):
                 ) from None
         return response
 
-    def _shrunk(self, chat: dict[str, Any], overflow: tuple[str, int | None, int | None]) -> dict[str, Any] | None:
+    def _shrunk(
+        self, chat: dict[str, Any], overflow: tuple[str, int | None, int | None]
+    ) -> dict[str, Any] | None:
         """``chat`` with ``max_tokens`` cut to the room the error reports, if that can help."""
         _, limit, prompt = overflow
         asked = chat.get("max_tokens") or chat.get("max_completion_tokens")
@@ -351,7 +352,7 @@ class VLLMModel(ModelServer):
         messages = chat_convert.strip_token_fields(messages)
         payload = {**self.config.extra_body, **body, "messages": messages, "model": self.config.model}
         if self.config.return_token_ids and body.get("return_token_ids") is not False:
-            payload.update(TOKEN_REQUEST_FIELDS)
+            _ask_for_tokens(payload)
         key = self._key() or content_key([_opening(messages)])
         reply, _ = await self._post("/chat/completions", payload, key)
         return Response(reply.body, status_code=reply.status, media_type="application/json")
@@ -372,9 +373,10 @@ class VLLMModel(ModelServer):
             url = self.pool.pick(ranking, failed)
             if url is None:  # every upstream refused this round
                 if attempt >= self.retry.attempts:
+                    reasons = "; ".join(errors[-len(ranking) :])
                     raise HTTPError(
                         502,
-                        f"cannot reach any upstream after {attempt} round(s): {'; '.join(errors[-len(ranking):])}",
+                        f"cannot reach any upstream after {attempt} round(s): {reasons}",
                         "upstream_unreachable",
                     )
                 await asyncio.sleep(self.retry.delay(attempt))
@@ -410,9 +412,18 @@ class VLLMModel(ModelServer):
             return reply, url
 
 
+def _ask_for_tokens(payload: dict[str, Any]) -> None:
+    """Add ``TOKEN_REQUEST_FIELDS`` to an upstream body, keeping a caller's own ``top_logprobs``."""
+    for key, value in TOKEN_REQUEST_FIELDS.items():
+        if key != "top_logprobs" or payload.get(key) is None:
+            payload[key] = value
+
+
 def _refuse_stream(body: dict[str, Any]) -> None:
     if body.get("stream"):
-        raise HTTPError(400, "stream=true is not supported by vllm_model; send stream=false", "invalid_request")
+        raise HTTPError(
+            400, "stream=true is not supported by vllm_model; send stream=false", "invalid_request"
+        )
 
 
 def _completion(reply: Reply, url: str) -> dict[str, Any]:

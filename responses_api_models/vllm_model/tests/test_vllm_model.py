@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -93,7 +92,7 @@ class Upstream:
                 status, payload = self.replies.pop(0)
             elif self.handler is not None:
                 result = self.handler(body)
-                status, payload = await result if asyncio.iscoroutine(result) else result  # type: ignore[misc]
+                status, payload = await result if asyncio.iscoroutine(result) else result
             else:
                 status, payload = 200, completion(f"from {self.name}")
             if isinstance(payload, bytes | str):
@@ -104,12 +103,7 @@ class Upstream:
 
 
 async def start(app: Any) -> AppServer:
-    sock = bind_socket()
-    # Until polygym.listen sets it: asyncio only turns Nagle off on sockets created with
-    # proto=IPPROTO_TCP, so every reused keep-alive connection waits ~40 ms for a delayed ACK.
-    # Accepted sockets inherit the option from the listening one.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    srv = AppServer(app, sock)
+    srv = AppServer(app, bind_socket())
     await srv.start()
     return srv
 
@@ -292,7 +286,10 @@ async def test_sessions_stick_to_one_upstream_and_spread(servers: list[AppServer
     # (the growing history does not move it), and different tasks spread
     texts = set()
     for turn in range(3):
-        history: list[dict[str, Any]] = [{"role": "system", "content": "shared"}, {"role": "user", "content": "q"}]
+        history: list[dict[str, Any]] = [
+            {"role": "system", "content": "shared"},
+            {"role": "user", "content": "q"},
+        ]
         history += [{"role": "assistant", "content": "x"}, {"role": "user", "content": "more"}] * turn
         reply = await post(raw, proxy, "/v1/responses", {"input": history})
         texts.add(reply.json()["output"][0]["content"][0]["text"])
@@ -306,7 +303,9 @@ async def test_sessions_stick_to_one_upstream_and_spread(servers: list[AppServer
     # chat pass-through routes the same way
     chat_seen = set()
     for _ in range(3):
-        reply = await post(raw, proxy, "/v1/chat/completions", {"messages": [{"role": "user", "content": "c"}]}, "s")
+        reply = await post(
+            raw, proxy, "/v1/chat/completions", {"messages": [{"role": "user", "content": "c"}]}, "s"
+        )
         chat_seen.add(reply.json()["choices"][0]["message"]["content"])
     assert len(chat_seen) == 1
 
@@ -365,7 +364,9 @@ def test_rendezvous_ranking_is_stable_and_minimal_on_change() -> None:
 # ------------------------------------------------------------------------- retries and errors
 
 
-async def test_transient_statuses_are_retried_then_relayed(servers: list[AppServer], raw: ServerClient) -> None:
+async def test_transient_statuses_are_retried_then_relayed(
+    servers: list[AppServer], raw: ServerClient
+) -> None:
     upstream = Upstream()
     upstream.replies += [(429, {"error": {"message": "slow down"}}), (503, "busy")]
     proxy = await serve_model(servers, **config(await serve_upstream(servers, upstream), max_attempts=3))
@@ -452,7 +453,9 @@ async def test_token_ids_on_the_last_item_and_stripped_from_history(
         return status, reply
 
     upstream = Upstream(handler=handler)
-    proxy = await serve_model(servers, **config(await serve_upstream(servers, upstream), return_token_ids=True))
+    proxy = await serve_model(
+        servers, **config(await serve_upstream(servers, upstream), return_token_ids=True)
+    )
     sdk = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
     try:
         first = await sdk.responses.create(model="m", input="weather?", tools=[WEATHER_TOOL])
@@ -485,6 +488,9 @@ async def test_token_ids_on_the_last_item_and_stripped_from_history(
     await post(raw, proxy, "/v1/chat/completions", chat_body)
     assert upstream.requests[-1]["messages"] == [{"role": "user", "content": "q"}]
     assert upstream.requests[-1]["return_token_ids"] is True
+    assert upstream.requests[-1]["top_logprobs"] == 0
+    await post(raw, proxy, "/v1/chat/completions", {**chat_body, "top_logprobs": 5})
+    assert upstream.requests[-1]["top_logprobs"] == 5  # a caller's own choice is kept
 
 
 async def test_token_capture_per_request_and_fallbacks(servers: list[AppServer], raw: ServerClient) -> None:
@@ -582,11 +588,13 @@ def test_context_error_shapes_of_other_servers() -> None:
         }
     }
     openai_style = {"error": {"message": "too long", "code": "context_length_exceeded"}}
-    old_vllm = {"message": "The decoder prompt (length 5000) is longer than the maximum model length of 4096."}
-    assert context_overflow(reply(400, sglang))[1:] == (4096, 1000)  # type: ignore[index]
-    assert context_overflow(reply(400, llama_cpp))[1:] == (4096, 5000)  # type: ignore[index]
-    assert context_overflow(reply(400, openai_style))[1:] == (None, None)  # type: ignore[index]
-    assert context_overflow(reply(400, old_vllm))[1:] == (4096, 5000)  # type: ignore[index]
+    old_vllm = {
+        "message": "The decoder prompt (length 5000) is longer than the maximum model length of 4096."
+    }
+    assert context_overflow(reply(400, sglang))[1:] == (4096, 1000)
+    assert context_overflow(reply(400, llama_cpp))[1:] == (4096, 5000)
+    assert context_overflow(reply(400, openai_style))[1:] == (None, None)
+    assert context_overflow(reply(400, old_vllm))[1:] == (4096, 5000)
     assert context_overflow(reply(400, {"message": "max_tokens must be at least 1"})) is None
     assert context_overflow(reply(500, sglang)) is None
 
@@ -607,7 +615,10 @@ async def test_reasoning_extraction_and_replay(servers: list[AppServer], raw: Se
 
     def summary(response: dict[str, Any]) -> list[tuple[str, str]]:
         return [
-            (item["type"], item["summary"][0]["text"] if item["type"] == "reasoning" else item["content"][0]["text"])
+            (
+                item["type"],
+                item["summary"][0]["text"] if item["type"] == "reasoning" else item["content"][0]["text"],
+            )
             for item in response["output"]
         ]
 
@@ -616,7 +627,10 @@ async def test_reasoning_extraction_and_replay(servers: list[AppServer], raw: Se
         ("message", "Answer."),
     ]
     # the chat template opened the block in the prompt: the reply starts inside it
-    assert summary(await ask(completion("plan it</think>Answer."))) == [("reasoning", "plan it"), ("message", "Answer.")]
+    assert summary(await ask(completion("plan it</think>Answer."))) == [
+        ("reasoning", "plan it"),
+        ("message", "Answer."),
+    ]
     assert summary(await ask(completion("Answer.", reasoning_content="field"))) == [
         ("reasoning", "field"),
         ("message", "Answer."),
@@ -636,7 +650,12 @@ async def test_reasoning_extraction_and_replay(servers: list[AppServer], raw: Se
         ]
     }
     expected = {
-        "both": {"role": "assistant", "content": "A.", "reasoning_content": "thought", "reasoning": "thought"},
+        "both": {
+            "role": "assistant",
+            "content": "A.",
+            "reasoning_content": "thought",
+            "reasoning": "thought",
+        },
         "reasoning_content": {"role": "assistant", "content": "A.", "reasoning_content": "thought"},
         "drop": {"role": "assistant", "content": "A."},
         "think_tags": {"role": "assistant", "content": "<think>\nthought\n</think>\n\nA."},
