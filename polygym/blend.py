@@ -110,13 +110,14 @@ class BlendSpec(BaseModel):
             data = {**data, "environments": envs}
         return data
 
-    @model_validator(mode="after")
-    def _unique(self) -> BlendSpec:
-        names = [env.name for env in self.environments]
+    @field_validator("environments")
+    @classmethod
+    def _unique(cls, environments: list[EnvironmentSpec]) -> list[EnvironmentSpec]:
+        names = [env.name for env in environments]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"environment names must be unique, repeated: {', '.join(duplicates)}")
-        return self
+        return environments
 
     @property
     def global_batch_size(self) -> int:
@@ -636,8 +637,8 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
                 )
                 continue
             agent = agent_of(row, default_agent, agent_env, problems)
-            if agent is None:
-                continue
+            if agent is None or agent not in agent_env:
+                continue  # reported: unknown agent, or no usable --env was given
             config = agent_env[agent]
             if agent not in verifiers:
                 verifiers[agent] = verifier_for(config, agent)

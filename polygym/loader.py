@@ -8,6 +8,7 @@ imported from its file.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -39,14 +40,19 @@ def _import_entrypoint(directory: Path, entrypoint: str) -> ModuleType:
     package_dirs = [Path(p).resolve() for p in getattr(package, "__path__", [])]
     if kind_dir in package_dirs:
         return importlib.import_module(f"{kind_dir.name}.{directory.name}.{path.stem}")
-    module_name = f"polygym_user_{kind_dir.name}_{directory.name}_{path.stem}"
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]  # two folders may share a name
+    module_name = f"polygym_user_{kind_dir.name}_{directory.name}_{path.stem}_{digest}"
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]  # a later load must show the real error again
+        raise
     return module
 
 

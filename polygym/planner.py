@@ -171,36 +171,61 @@ def _pinned(demands: Sequence[EnvDemand], quotas: Sequence[int], total: int) -> 
     ]
 
 
-def _fits(weights: Sequence[Fraction], quotas: Sequence[int], needs: Sequence[int], total: int) -> bool:
-    whole = sum(weights, Fraction(0))
-    for weight, quota, need in zip(weights, quotas, needs, strict=True):
-        target = weight / whole
-        if quota < need or abs(Fraction(quota, total) - target) > SHARE_DRIFT_WARNING * target:
-            return False
-    return True
+def _integer_weights(weights: Sequence[Fraction]) -> list[int]:
+    """The same proportions as integers (exact), so a candidate step size costs no fractions."""
+    denominator = math.lcm(*(w.denominator for w in weights))
+    return [w.numerator * (denominator // w.denominator) for w in weights]
+
+
+def _plain_quotas(weights: Sequence[int], whole: int, total: int) -> list[int]:
+    """``largest_remainder`` for integer weights."""
+    scaled = [w * total for w in weights]
+    quotas = [x // whole for x in scaled]
+    order = sorted(range(len(weights)), key=lambda i: (-(scaled[i] % whole), i))
+    for i in order[: total - sum(quotas)]:
+        quotas[i] += 1
+    return quotas
+
+
+def drifts(quota: int, total: int, share: Fraction) -> bool:
+    """Whether ``quota`` of ``total`` strays from ``share`` by more than SHARE_DRIFT_WARNING."""
+    return abs(Fraction(quota, total) - share) > SHARE_DRIFT_WARNING * share
 
 
 def suggest_prompts_per_step(demands: Sequence[EnvDemand], warn_below: int = DEFAULT_WARN_BELOW) -> int:
-    """Smallest step size that needs no warning: plain weight shares (no forced minimums) give
-    every environment max(min_per_step, warn_below) prompts and stay within 20% of its weight share.
+    """Smallest step size that needs no warning: every weight share reaches its min_per_step
+    without forcing, every quota reaches ``warn_below``, and no planned share strays more than 20%
+    from its weight share.
 
     Largest remainder is not monotone in the step size (Alabama paradox), so sizes are tried
-    upwards. The search is bounded: at ``ceil(max(need * total_weight / weight))`` every share is
-    at least its need, and from ``5 / smallest share`` on rounding (under one prompt) drifts less
-    than 20%.
+    upwards from a lower bound (every environment needs a prompt, so P >= 5 / (6 * share)) to an
+    upper bound that always fits (shares reach every need, and rounding, under one prompt,
+    drifts less than 20% from P >= 5 / share on). Past 4096 candidates the upper bound is returned.
     """
     if not demands:
         return 1
-    weights = _fractions(demands)
-    whole = sum(weights, Fraction(0))
+    fractions = _fractions(demands)
+    weights = _integer_weights(fractions)
+    whole = sum(weights)
+    shares = [Fraction(w, whole) for w in weights]
     needs = [max(d.min_per_step, warn_below) for d in demands]
-    bound = max(math.ceil(n * whole / w) for n, w in zip(needs, weights, strict=True))
-    bound = max(bound, math.ceil(whole / min(weights) / SHARE_DRIFT_WARNING), 1)
-    start = max(1, sum(needs))
-    for total in range(start, max(start, bound) + 1):
-        if _fits(weights, largest_remainder(weights, total), needs, total):
+    smallest = min(shares)
+    upper = max(
+        max(1, sum(needs)),
+        max(math.ceil(n / t) for n, t in zip(needs, shares, strict=True)),
+        math.ceil(1 / (smallest * SHARE_DRIFT_WARNING)),
+    )
+    lower = max(
+        1,
+        sum(needs),
+        math.ceil(Fraction(1) / (smallest * (1 + SHARE_DRIFT_WARNING))),
+        max(math.ceil(d.min_per_step / t) for d, t in zip(demands, shares, strict=True)),
+    )
+    for total in range(lower, min(upper, lower + 4096)):
+        quotas = _plain_quotas(weights, whole, total)
+        if all(q >= n and not drifts(q, total, t) for q, n, t in zip(quotas, needs, shares, strict=True)):
             return total
-    return max(start, bound)
+    return upper
 
 
 def make_plan(
@@ -239,7 +264,8 @@ def make_plan(
                 rollouts_per_step=quota * responses_per_prompt,
             )
         )
-        warnings.extend(_warnings(demand, quota, target, planned, is_pinned, warn_below, suggested))
+        drift = quota > 0 and drifts(quota, prompts_per_step, weight / whole)
+        warnings.extend(_warnings(demand, quota, target, planned, is_pinned, drift, warn_below, suggested))
     return Plan(
         prompts_per_step=prompts_per_step,
         responses_per_prompt=responses_per_prompt,
@@ -256,6 +282,7 @@ def _warnings(
     target: float,
     planned: float,
     pinned: bool,
+    drift: bool,
     warn_below: int,
     suggested: int,
 ) -> list[str]:
@@ -275,7 +302,7 @@ def _warnings(
             f"{demand.name}: raised to its min_per_step {demand.min_per_step} "
             f"(planned share {planned:.1%}, weight share {target:.1%})"
         )
-    elif quota > 0 and abs(planned - target) > float(SHARE_DRIFT_WARNING) * target:
+    elif drift:
         out.append(
             f"{demand.name}: rounding gives a planned share of {planned:.1%} against a weight share of "
             f"{target:.1%}; {hint}"

@@ -30,7 +30,6 @@ from polygym.blend import (
 )
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail
 from polygym.dataset import DatasetError
-from polygym.planner import InfeasiblePlanError
 
 
 @click.group(cls=SuggestingGroup)
@@ -109,7 +108,7 @@ def blend(**opts: Any) -> None:
     try:
         loaded = load_blend(spec, opts["split"])
         written = write_jsonl(loaded.ordered(opts["order"], opts["steps"]), opts["output_path"])
-    except (BlendSpecError, DatasetError, InfeasiblePlanError) as exc:
+    except (BlendSpecError, DatasetError, ValueError) as exc:  # InfeasiblePlanError too
         fail(str(exc), EXIT_USAGE)
     counts: Counter[str] = Counter()
     with opts["output_path"].open("rb") as handle:

@@ -26,6 +26,8 @@ from polygym.cli.base import (
     run_async,
     selector_options,
 )
+from polygym.cli.compare import compare_command
+from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
 from polygym.client import ServerCallError, ServerClient
 from polygym.config import ConfigError, StackConfig
 from polygym.dataset import DatasetError, Job, Materialization, load_jobs
@@ -42,6 +44,9 @@ EXIT_INTERRUPTED = 130
 @click.group(cls=SuggestingGroup)
 def eval_group() -> None:
     """Collect and compare rollouts."""
+
+
+eval_group.add_command(compare_command, name="compare")
 
 
 def parse_per_agent(values: tuple[str, ...], flag: str) -> tuple[int | None, dict[str, int]]:
@@ -87,7 +92,29 @@ def resume_command() -> str:
 
 @eval_group.command("run")
 @selector_options
-@click.option("--input", "input_path", required=True, type=click.Path(path_type=Path), help="Dataset JSONL.")
+@click.option("--input", "input_path", type=click.Path(path_type=Path), help="Dataset JSONL.")
+@click.option(
+    "--blend",
+    "blend_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Collect step by step from a blend spec instead of --input (needs --steps).",
+)
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Steps to collect with --blend.")
+@click.option(
+    "--start-step",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="First step with --blend (--resume continues after the last finished step).",
+)
+@click.option(
+    "--step-timeout",
+    "step_timeout_s",
+    type=float,
+    default=None,
+    help="Seconds per step with --blend; unfinished rollouts are recorded as stragglers.",
+)
 @click.option(
     "--output", "output_path", required=True, type=click.Path(path_type=Path), help="Rollouts JSONL."
 )
@@ -148,12 +175,45 @@ def run(**opts: Any) -> None:
     }
     materialization = Materialization(repeats or 1, repeats_by_agent, sampling, opts["seed"])
     limits = Limits(concurrency or DEFAULT_CONCURRENCY, per_agent, opts["timeout_s"])
+    if (opts["input_path"] is None) == (opts["blend_path"] is None):
+        fail("pass exactly one of --input FILE or --blend SPEC", EXIT_USAGE)
+    if opts["blend_path"] is not None:
+        sys.exit(_run_blend(opts, limits, sampling))
     config = None
     if not opts["no_serve"]:
         config = load_stack_config(
             opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"]
         )
     sys.exit(run_async(_run(opts, config, materialization, limits)))
+
+
+def _run_blend(opts: dict[str, Any], limits: Limits, sampling: dict[str, Any]) -> int:
+    """``--blend SPEC --steps N``: collect steps in sampler order with exact per-environment quotas."""
+    if opts["steps"] is None:
+        fail("--blend needs --steps N", EXIT_USAGE)
+    spec = load_spec_or_exit(opts["blend_path"])
+    config = None
+    if not opts["no_serve"]:
+        config = blend_stack_config(
+            spec, opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"]
+        )
+    head = discover_head(opts["head_url"]) if opts["no_serve"] else None
+    start = next_step(opts["output_path"]) if opts["resume"] else opts["start_step"]
+    return run_async(
+        run_blend(
+            spec,
+            config,
+            opts["steps"],
+            opts["output_path"],
+            limits,
+            start,
+            opts["step_timeout_s"],
+            opts["overwrite"],
+            head,
+            opts["backend"],
+            sampling,
+        )
+    )
 
 
 def _load(opts: dict[str, Any], agents: list[str], materialization: Materialization) -> list[Job]:
