@@ -36,6 +36,14 @@ def k_values(n: int) -> list[int]:
     return ks
 
 
+def reward_of(rollout: dict[str, Any]) -> float:
+    """The rollout's reward, or 0.0 when it is missing or not a finite number."""
+    value = rollout.get("reward")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0.0
+    return float(value)
+
+
 def numeric_fields(rollout: dict[str, Any]) -> dict[str, float]:
     """Top-level numeric verifier fields plus token usage, the values worth summarising."""
     values = {
@@ -95,10 +103,10 @@ def group_metrics(
     rows = []
     for task, members in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0])):
         n = len(members)
-        correct = [float(r.get("reward", 0.0)) >= pass_threshold for r in members]
+        correct = [reward_of(r) >= pass_threshold for r in members]
         c = sum(correct)
         row: dict[str, Any] = {TASK_FIELD: task, "num_rollouts": n, "num_correct": c}
-        row["mean/reward"] = statistics.fmean(float(r.get("reward", 0.0)) for r in members)
+        row["mean/reward"] = statistics.fmean(reward_of(r) for r in members)
         for k in k_values(n):
             row[f"pass@{k}"] = pass_at_k(n, c, k)
         row["pass@1[avg-of-k]"] = c / n

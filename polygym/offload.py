@@ -27,9 +27,17 @@ class CpuTimeout(TimeoutError):
 class CpuPool:
     """A lazily started pool of worker processes for one server."""
 
-    def __init__(self, workers: int | None = None, max_tasks_per_worker: int = 1000) -> None:
+    def __init__(
+        self,
+        workers: int | None = None,
+        max_tasks_per_worker: int = 1000,
+        initializer: Callable[[], Any] | None = None,
+    ) -> None:
+        """``initializer`` runs once in each new worker: import heavy modules there (e.g. sympy)
+        so the first verification on a fresh worker does not pay for them inside its time limit."""
         self.workers = workers or max(1, min(4, os.cpu_count() or 1))
         self.max_tasks_per_worker = max_tasks_per_worker
+        self.initializer = initializer
         self._pool: ProcessPool | None = None
 
     def _ensure(self) -> ProcessPool:
@@ -38,6 +46,7 @@ class CpuPool:
             self._pool = ProcessPool(
                 max_workers=self.workers,
                 max_tasks=self.max_tasks_per_worker,
+                initializer=self.initializer,
                 context=multiprocessing.get_context("forkserver"),
             )
         return self._pool

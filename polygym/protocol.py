@@ -177,11 +177,12 @@ def new_response(
 def output_text(items: list[dict[str, Any]]) -> str:
     """Concatenated ``output_text`` of the last assistant message in ``items`` ('' if none)."""
     for item in reversed(items):
-        if item.get("type") == "message" and item.get("role", "assistant") == "assistant":
-            parts = item.get("content") or []
-            if isinstance(parts, str):
-                return parts
-            return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+        if (
+            isinstance(item, dict)
+            and item.get("type") == "message"
+            and item.get("role", "assistant") == "assistant"
+        ):
+            return item_text(item)
     return ""
 
 
@@ -216,11 +217,17 @@ def input_items(params: ResponsesCreateParams | dict[str, Any]) -> list[dict[str
 
 
 def item_text(item: dict[str, Any]) -> str:
-    """Plain text of an input or output message item, whatever content shape it uses."""
+    """Plain text of an input or output message item, whatever content shape it uses.
+
+    Verifiers receive whatever a policy produced; a ``null`` text or a number where a list of
+    parts belongs reads as no text rather than raising (which would turn into a 500).
+    """
     content = item.get("content", "")
     if isinstance(content, str):
         return content
-    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if not isinstance(content, list):
+        return ""
+    return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
 def sum_usage(usages: list[dict[str, Any] | None]) -> dict[str, int]:

@@ -127,8 +127,9 @@ class ResourcesServer(BaseServer):
     def routes(self) -> list[Route]:
         routes = super().routes()
         verify_model = body_model(type(self).verify) or VerifyRequest
+        seed_model = body_model(type(self).seed_session) or SeedSessionRequest
         routes += [
-            Route("/seed_session", json_endpoint(self._seed, SeedSessionRequest), methods=["POST"]),
+            Route("/seed_session", json_endpoint(self._seed, seed_model), methods=["POST"]),
             Route("/verify", json_endpoint(self._verify, verify_model), methods=["POST"]),
             Route("/end_session", json_endpoint(self._end_session), methods=["POST"]),
             Route(
@@ -185,7 +186,11 @@ class ResourcesServer(BaseServer):
     async def _seed(self, body: SeedSessionRequest, request: Request) -> Response:
         session = self.sessions.create()
         request.state.new_session = session.id
-        result = await self.seed_session(body, session)
+        try:
+            result = await self.seed_session(body, session)
+        except BaseException:
+            self.sessions.release(session.id)  # no cookie goes out, so nobody could release it later
+            raise
         return self._with_cookie(request, result)
 
     async def _verify(self, body: VerifyRequest, request: Request) -> Response:

@@ -255,10 +255,10 @@ async def _run(
         console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
         return EXIT_FAILURE
     finally:
+        if client is not None and (stack is None or client is not stack.client):
+            await client.close()
         if stack is not None:
             await stack.stop()
-        elif client is not None:
-            await client.close()
 
 
 async def _collect(client: ServerClient, jobs: list[Job], opts: dict[str, Any], limits: Limits) -> int:

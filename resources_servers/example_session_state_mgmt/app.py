@@ -168,12 +168,14 @@ class ExampleSessionStateMgmt(ResourcesServer):
     def example_solution(cls, row: dict[str, Any]) -> list[dict[str, Any]]:
         """A correct rollout's output items: every increment in order, get_value, then the answer."""
         value = int(row.get("initial_value", 0))
+        # Rows from elsewhere may lack the amounts: one increment then covers the difference.
+        amounts = row.get("increments") or [int(row["expected_final_value"]) - value]
         items: list[dict[str, Any]] = []
-        for amount in row["increments"]:
+        for amount in amounts:
             value += amount
             call = function_call_item("increment", {"amount": amount})
             items += [call, function_call_output_item(call["call_id"], f'{{"value": {value}}}')]
         call = function_call_item("get_value", {})
         items += [call, function_call_output_item(call["call_id"], f'{{"value": {value}}}')]
-        items.append(message_item(f"I applied all {len(row['increments'])} increments. Final value: {value}"))
+        items.append(message_item(f"All increments are applied. Final value: {value}"))
         return items

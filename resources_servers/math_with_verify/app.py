@@ -1,8 +1,8 @@
 """Math problems with exact answers, checked symbolically with math-verify; no tools.
 
 The model answers in one message; ``verify`` extracts its final answer (``\\boxed{...}`` first,
-then anchored forms such as ``Answer: 3/4`` or ``the final answer is 3/4``, then — unless
-``allow_unanchored`` is off — the last expression in the text) and compares it with the row's
+then anchored forms such as ``Answer: 3/4`` or ``the final answer is 3/4``, and only when
+``allow_unanchored`` is on, the last bare expression in the text) and compares it with the row's
 ``expected_answer`` symbolically, so ``0.75``, ``3/4`` and ``\\frac{6}{8}`` all match ``3/4``.
 
 Parsing and comparing with sympy can take long on adversarial text, so it runs in a worker process
@@ -33,8 +33,11 @@ class MathWithVerifyConfig(ResourcesServerConfig):
     max_answer_chars: int = Field(
         default=50_000, ge=100, description="Only the last this-many characters of the answer are parsed."
     )
+    # Off by default: a bare expression is also what a policy gets by restating the question
+    # ("Compute 3/2 - 3/9." parses as 7/6), which would reward echoing instead of solving.
     allow_unanchored: bool = Field(
-        default=True, description="Accept a bare final expression when no \\boxed{} or 'Answer:' is found."
+        default=False,
+        description="Also accept a bare final expression when no \\boxed{} or 'Answer:' is found.",
     )
 
 
@@ -135,10 +138,11 @@ class MathWithVerify(ResourcesServer):
         result = metrics.aggregate(rollouts, answer_field="extracted_answer")
         by_type: dict[str, list[float]] = defaultdict(list)
         for rollout in rollouts:
-            if isinstance(rollout.get("problem_type"), str):
-                by_type[rollout["problem_type"]].append(float(rollout.get("reward", 0.0)))
+            reward = rollout.get("reward")
+            if isinstance(rollout.get("problem_type"), str) and isinstance(reward, int | float):
+                by_type[rollout["problem_type"]].append(float(reward))
         for problem_type, rewards in sorted(by_type.items()):
-            result["agent_metrics"][f"mean/reward/{problem_type}"] = sum(rewards) / len(rewards)
+            result["agent_metrics"][f"mean/reward_by_type/{problem_type}"] = sum(rewards) / len(rewards)
         return result
 
     @classmethod

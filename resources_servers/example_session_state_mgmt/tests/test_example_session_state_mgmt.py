@@ -117,6 +117,12 @@ def test_reported_value_ignores_decimals_and_giant_numbers():
     assert reported_value("Final value: \u221242") == -42
 
 
+async def test_example_solution_for_a_row_without_increments(env):
+    row = {k: v for k, v in ROWS[0].items() if k != "increments"}
+    result = await verify(env, row, ExampleSessionStateMgmt.example_solution(row))
+    assert (result["reward"], result["num_increments"]) == (1.0, 1)
+
+
 async def test_doing_nothing_gets_zero(env):
     row = ROWS[2]
     cookies = await play(env, row, [])

@@ -7,6 +7,7 @@ starting worker processes is the slow part of these tests.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -93,13 +94,13 @@ async def test_wrong_or_missing_answers_get_zero(env, text, extracted):
 
 
 async def test_negative_fractions_and_equations(env):
-    for text in ("\\boxed{-\\frac{35}{6}}", "\\boxed{x = -35/6}", "Answer: -35/6", "x = -5.833333"):
+    for text in ("\\boxed{-\\frac{35}{6}}", "\\boxed{x = -35/6}", "Answer: -35/6", "Answer: x = -5.833333"):
         assert (await verify_text(env, NEGATIVE_ROW, text))["reward"] == 1.0, text
     assert (await verify_text(env, NEGATIVE_ROW, "\\boxed{35/6}"))["reward"] == 0.0
 
 
 @pytest.mark.parametrize(
-    ("expected", "text"), [(57, "\\boxed{57}"), (0.75, "Answer: 3/4"), ("  3/4 ", "0.75")]
+    ("expected", "text"), [(57, "\\boxed{57}"), (0.75, "Answer: 3/4"), ("  3/4 ", "Answer: 0.75")]
 )
 async def test_numeric_and_padded_expected_answers_are_accepted(env, expected, text):
     result = await verify_text(env, {**ROWS[0], "expected_answer": expected}, text)
@@ -162,21 +163,32 @@ async def test_malformed_bodies_get_422(env, patch):
     assert err.value.status == 422
 
 
+async def test_restating_the_question_earns_nothing(env):
+    row = {**ROWS[0], "expected_answer": "7/6"}
+    result = await verify_text(env, row, "Scripted reply to: Compute 3/2 - 3/9.")
+    assert (result["reward"], result["extracted_answer"]) == (0.0, None)
+
+
 async def test_verify_is_deterministic(env):
     body = body_for(FRACTION_ROW, [message_item("So \\boxed{25/3}.")])
     first, second = [(await env.call("env", "/verify", body)).json() for _ in range(2)]
     assert first == second
 
 
-async def test_verification_past_its_time_limit_gets_zero_not_an_error():
-    # 50 ms cannot even cover a fresh worker importing sympy, so the pool stops it.
-    server = MathWithVerify("math_with_verify", {"verify_workers": 1, "verify_timeout_s": 0.05})
+async def test_a_verification_past_its_time_limit_is_stopped_and_the_next_one_works():
+    """sympy evaluating 9^(9^(9^9)) never yields to math-verify's own alarms: only the kill stops it."""
+    server = MathWithVerify("math_with_verify", {"verify_workers": 1, "verify_timeout_s": 4})
     client = ServerClient()
     client.add_local("env", server.app)
     async with server.app.router.lifespan_context(server.app):
-        result = await verify_text(client, ROWS[0], "\\boxed{57}")
-    assert result["reward"] == 0.0
-    assert result["grading_error"].startswith("timeout")
+        await verify_text(client, ROWS[0], "\\boxed{57}")  # warm the worker up (imports sympy)
+        started = time.monotonic()
+        bomb = await verify_text(client, ROWS[0], "\\boxed{9^{9^{9^{9}}}}")
+        assert time.monotonic() - started < 15
+        after = await verify_text(client, ROWS[0], "\\boxed{57}")
+    assert (bomb["reward"], bomb["extracted_answer"]) == (0.0, None)
+    assert bomb["grading_error"].startswith("timeout")
+    assert (after["reward"], after["grading_error"]) == (1.0, None)  # served by a replacement worker
 
 
 async def test_aggregate_metrics_report_pass_and_majority_at_k(env):
@@ -196,6 +208,6 @@ async def test_aggregate_metrics_report_pass_and_majority_at_k(env):
     assert agent["majority@4"] == 1.0
     assert agent["pass@1"] == pytest.approx((2 / 4 + 2 / 4) / 2)
     assert agent["pass@4"] == 1.0
-    assert agent["mean/reward/word_division"] == 0.5
-    assert agent["mean/reward/word_arithmetic"] == 0.5
+    assert agent["mean/reward_by_type/word_division"] == 0.5
+    assert agent["mean/reward_by_type/word_arithmetic"] == 0.5
     assert "majority@4" in metrics["key_metrics"]
