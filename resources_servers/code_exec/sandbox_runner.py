@@ -82,7 +82,9 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _mount(libc: ctypes.CDLL, src: str | None, dst: str, fstype: str | None, flags: int, data: str = "") -> None:
+def _mount(
+    libc: ctypes.CDLL, src: str | None, dst: str, fstype: str | None, flags: int, data: str = ""
+) -> None:
     _check(
         libc.mount(
             src.encode() if src else None,
@@ -286,7 +288,9 @@ def run_tests(payload: dict, isolation: str) -> int:
         return 0
     function = namespace.get(payload["entry_point"])
     if not callable(function):
-        emit({"event": "load_error", "error": f"the code defines no function named {payload['entry_point']!r}"})
+        emit(
+            {"event": "load_error", "error": f"the code defines no function named {payload['entry_point']!r}"}
+        )
         return 0
     emit({"event": "loaded"})
     max_chars = int(limits.get("max_value_chars", 100000))

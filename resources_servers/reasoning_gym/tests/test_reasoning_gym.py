@@ -1,0 +1,210 @@
+"""reasoning_gym: verify with the package's own scorers (in worker processes), extraction, data."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("reasoning_gym")
+
+from polygym.client import ServerCallError, ServerClient
+from polygym.protocol import function_call_item, message_item, new_response
+from resources_servers.reasoning_gym.app import ReasoningGym, extract_answer
+from resources_servers.reasoning_gym.data.generate import DEFAULT_TASKS
+
+ENV_DIR = Path(__file__).resolve().parents[1]
+DATA = ENV_DIR / "data"
+GENERATE = DATA / "generate.py"
+SPLIT_FILES = {name: DATA / f"{name}.jsonl" for name in ("example", "train", "validation")}
+ROWS = {
+    name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in SPLIT_FILES.items()
+}
+GENERATED_WITH = "0.1.25"  # the reasoning-gym version the shipped files were generated with
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ReasoningGym]:
+    """One server (and worker pool) for the module: workers import reasoning-gym once (~1 s)."""
+    env = ReasoningGym("reasoning_gym", {"score_workers": 1})
+    yield env
+    env.pool.close()
+
+
+@pytest.fixture
+def env(server: ReasoningGym) -> ServerClient:
+    client = ServerClient()
+    client.add_local("env", server.app)
+    return client
+
+
+def answer(text: str) -> dict:
+    return new_response([message_item(text)], model="scripted")
+
+
+async def verify(client: ServerClient, row: dict, response: dict) -> dict:
+    return (await client.call("env", "/verify", {**row, "response": response})).json()
+
+
+def one_row_per_task() -> list[dict]:
+    seen: dict[str, dict] = {}
+    for row in ROWS["validation"]:
+        seen.setdefault(row["task"], row)
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("row", one_row_per_task(), ids=lambda r: r["task"])
+async def test_reference_answer_scores_one_and_a_wrong_one_less(env, row):
+    good = await verify(env, row, new_response(ReasoningGym.example_solution(row), model="x"))
+    assert good["reward"] == 1.0
+    assert good["score_status"] == "ok"
+    assert good["extracted_answer"] == row["entry"]["answer"]
+    assert good["task"] == row["task"]  # the row is echoed back
+    bad = await verify(env, row, answer("<answer>definitely not it 0000</answer>"))
+    assert bad["reward"] < 1.0 and bad["score_status"] == "ok"
+
+
+async def test_the_package_scorer_decides_including_partial_credit(env):
+    row = next(r for r in ROWS["train"] if r["task"] == "basic_arithmetic")
+    expected = row["entry"]["answer"]
+    result = await verify(env, row, answer(f"<answer>The answer is {expected}</answer>"))
+    # reasoning-gym's default scorer: partial credit len(oracle)/len(answer) when it contains it.
+    assert result["reward"] == pytest.approx(len(expected) / len(f"The answer is {expected}"))
+
+
+async def test_scorer_exceptions_are_reward_zero(env):
+    row = {
+        "responses_create_params": {"input": "factor 12"},
+        "task": "prime_factorization",
+        "task_config": {"size": 1, "seed": 1},
+        "entry": {"question": "Factor 12", "answer": "2 \u00d7 2 \u00d7 3", "metadata": {}},
+    }
+    result = await verify(env, row, answer("<answer>not numbers</answer>"))
+    assert result["reward"] == 0.0
+    assert result["score_status"] == "score_error" and "ValueError" in result["score_error"]
+
+
+@pytest.mark.parametrize(
+    ("response", "status"),
+    [
+        (new_response([], model="x"), "no_answer"),
+        (answer("42"), "no_answer"),
+        (answer("<answer>" + "7" * 1_000_000 + "</answer>"), "answer_too_long"),
+        (answer("x" * 1_000_000), "no_answer"),
+        (new_response([function_call_item("f", "{")], model="x"), "no_answer"),
+    ],
+    ids=["empty", "untagged", "huge-answer", "1MB-text", "only-a-call"],
+)
+async def test_garbage_scores_zero(env, response, status):
+    result = await verify(env, ROWS["example"][0], response)
+    assert result["reward"] == 0.0
+    assert result["score_status"] == status
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"task": "no_such_task"}, "task"),
+        ({"task_config": {"size": 1, "seed": 1, "no_such_option": 3}}, "task_config"),
+        ({"task_config": {"min_terms": 5, "max_terms": 2}}, "max_terms must be >= min_terms"),
+        ({"entry": {"answer": "1"}}, "entry.question"),
+        ({"entry": "2"}, "entry"),
+        ({"task": 5}, "task"),
+    ],
+    ids=["unknown-task", "unknown-option", "invalid-option", "no-question", "entry-string", "task-int"],
+)
+async def test_malformed_rows_are_422(env, change, field):
+    row = {**ROWS["example"][0], **change}
+    with pytest.raises(ServerCallError) as err:
+        await env.call("env", "/verify", {**row, "response": answer("<answer>1</answer>")})
+    assert err.value.status == 422
+    assert field in err.value.detail
+
+
+async def test_answer_formats(server):
+    row = ROWS["example"][0]
+    expected = row["entry"]["answer"]
+    for answer_format, text, reward in [
+        ("tag", f"Working...\n{expected}", 0.0),
+        ("last_line", f"Working...\n{expected}\n", 1.0),
+        ("tag_or_last_line", f"<answer>{expected}</answer>\nbye", 1.0),
+        ("tag_or_last_line", f"so\n{expected}", 1.0),
+    ]:
+        server.config.answer_format = answer_format
+        try:
+            client = ServerClient()
+            client.add_local("env", server.app)
+            assert (await verify(client, row, answer(text)))["reward"] == reward, answer_format
+        finally:
+            server.config.answer_format = "tag"
+
+
+async def test_verify_is_deterministic(env):
+    row = ROWS["example"][1]
+    body = {**row, "response": answer("<answer>3</answer>")}
+    first, second = [(await env.call("env", "/verify", body)).json() for _ in range(2)]
+    assert first == second
+
+
+async def test_aggregate_metrics_break_reward_down_by_task(env):
+    rollouts = [
+        {"task": "gcd", "reward": 1.0, "_ng_task_index": 0},
+        {"task": "lcm", "reward": 0.0, "_ng_task_index": 1},
+    ]
+    result = (await env.call("env", "/aggregate_metrics", {"rollouts": rollouts})).json()
+    assert result["agent_metrics"]["mean/reward/gcd"] == 1.0
+    assert result["agent_metrics"]["mean/reward/lcm"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "expected"),
+    [
+        ("<answer> 42 </answer>", "tag", "42"),
+        ("<answer>1</answer> then <ANSWER>2</ANSWER>", "tag", "2"),
+        ("<answer>a\nb</answer>", "tag", "a\nb"),
+        ("no tags", "tag", None),
+        ("", "last_line", None),
+        ("line one\n  line two  \n\n", "last_line", "line two"),
+        ("x\n<answer>y</answer>", "last_line", "<answer>y</answer>"),
+        ("just this", "tag_or_last_line", "just this"),
+    ],
+)
+def test_extract_answer(text, mode, expected):
+    assert extract_answer(text, mode) == expected
+
+
+def test_example_solution_needs_an_answer():
+    with pytest.raises(ValueError, match="reference answer"):
+        ReasoningGym.example_solution({"entry": {"question": "q", "answer": None}})
+
+
+def test_datasets():
+    assert len(ROWS["example"]) == 5
+    assert {r["task"] for r in ROWS["train"]} == set(DEFAULT_TASKS)
+    assert len(ROWS["train"]) == 50 * len(DEFAULT_TASKS)
+    train_questions = {r["entry"]["question"] for r in ROWS["train"]}
+    assert not train_questions & {r["entry"]["question"] for r in ROWS["validation"]}
+    for row in ROWS["example"] + ROWS["validation"]:
+        assert row["responses_create_params"]["input"][-1]["content"] == row["entry"]["question"]
+        assert row["entry"]["metadata"]["source_dataset"] == row["task"]
+        assert row["agent_ref"] == {"type": "responses_api_agents", "name": "reasoning_gym_simple_agent"}
+
+
+@pytest.mark.skipif(
+    importlib.metadata.version("reasoning-gym") != GENERATED_WITH,
+    reason=f"the shipped files come from reasoning-gym {GENERATED_WITH}",
+)
+def test_generator_reproduces_the_files_byte_for_byte(tmp_path):
+    for split in ("example", "validation"):
+        out = tmp_path / f"{split}.jsonl"
+        subprocess.run(
+            [sys.executable, str(GENERATE), "--split", split, "--output", str(out)],
+            check=True,
+            capture_output=True,
+        )
+        assert out.read_bytes() == SPLIT_FILES[split].read_bytes(), split
