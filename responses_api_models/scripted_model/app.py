@@ -7,7 +7,8 @@ expectations. It plays a policy, decided in this order (README.md documents each
 1. a **script** — from the request's ``metadata.script`` (a JSON string) or the config's ``script`` —
    saying what to emit on each model call, including HTTP errors and delays;
 2. the first config **rule** whose tools are offered and whose regex matches the first user message;
-3. a **generic fallback** that calls each offered tool once with arguments made from its schema.
+3. a **generic fallback** that calls each offered tool once with arguments made from its schema
+   (by ``polygym.json_schema``, the synthesizer ``gym env check`` uses: required properties only).
 
 The server is stateless: the progress of an episode is read from the request ``input`` (the model
 turns since the last user message), so any number of rollouts can run at once, a retried request
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, Val
 
 from polygym import chat_convert
 from polygym.chat_convert import item_type
+from polygym.json_schema import example_arguments
 from polygym.model_server import ModelServer
 from polygym.protocol import function_call_item, input_items, item_text, message_item, new_response
 from polygym.server import HTTPError, ServerConfig, validation_message
@@ -36,7 +38,6 @@ DONE = "done"
 
 _TEMPLATE = re.compile(r"\{([A-Za-z_]\w*)\}")
 _OUTPUTS_KEY = "$outputs"
-_MAX_SCHEMA_DEPTH = 8
 _ECHO_CHARS = 200
 
 
@@ -398,7 +399,7 @@ def _collect_outputs(tool: str, key: str | None, conv: Conversation, rule: Rule)
 def _fallback(conv: Conversation) -> Decision:
     if conv.turns < len(conv.tools):
         tool = conv.tools[conv.turns]
-        arguments = example_value(tool["parameters"] or {"type": "object"})
+        arguments = example_arguments(tool["parameters"] or {"type": "object"}, required_only=True)
         return Decision(call=(tool["name"], arguments if isinstance(arguments, dict) else {}))
     if conv.tools:
         return Decision(answer=DONE)
@@ -406,39 +407,6 @@ def _fallback(conv: Conversation) -> Decision:
     if len(said) > _ECHO_CHARS:
         said = said[:_ECHO_CHARS] + "..."
     return Decision(answer=f"Scripted model reply to: {said}" if said else "Scripted model reply.")
-
-
-def example_value(schema: Any, depth: int = 0) -> Any:
-    """A value valid for a JSON schema: required properties only, simplest value of each type."""
-    if not isinstance(schema, dict) or depth > _MAX_SCHEMA_DEPTH:
-        return None
-    if "const" in schema:
-        return schema["const"]
-    if schema.get("enum"):
-        return schema["enum"][0]
-    for key in ("anyOf", "oneOf", "allOf"):
-        options = [o for o in schema.get(key) or [] if isinstance(o, dict) and o.get("type") != "null"]
-        if options:
-            return example_value(options[0], depth + 1)
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind is None:
-        kind = "object" if "properties" in schema else "array" if "items" in schema else None
-    if kind == "string":
-        return "example"
-    if kind in ("integer", "number"):
-        return 0
-    if kind == "boolean":
-        return False
-    if kind == "array":
-        return [example_value(schema.get("items") or {"type": "string"}, depth + 1)]
-    if kind == "object":
-        properties = schema.get("properties") or {}
-        return {
-            name: example_value(properties.get(name, {}), depth + 1) for name in schema.get("required") or []
-        }
-    return None
 
 
 # ------------------------------------------------------------------------------------------ server

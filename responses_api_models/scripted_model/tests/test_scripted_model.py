@@ -20,7 +20,7 @@ from polygym.client import ServerClient
 from polygym.config import load_config
 from polygym.listen import AppServer, bind_socket
 from polygym.retry import NO_RETRY
-from responses_api_models.scripted_model.app import Config, ScriptedModel, example_value
+from responses_api_models.scripted_model.app import Config, ScriptedModel
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "configs" / "scripted_model.yaml"
 
@@ -241,9 +241,12 @@ async def test_generic_fallback_calls_each_tool_with_schema_arguments() -> None:
                         "properties": {"field": {"type": "string"}, "optional": {"type": "string"}},
                         "required": ["field"],
                     },
+                    "day": {"type": "string", "format": "date"},
+                    "page": {"$ref": "#/$defs/Page"},
                     "not_required": {"type": "string"},
                 },
-                "required": ["query", "limit", "score", "exact", "mode", "tags", "filter"],
+                "$defs": {"Page": {"type": "integer", "minimum": 2}},
+                "required": ["query", "limit", "score", "exact", "mode", "tags", "filter", "day", "page"],
             },
         },
         {"type": "function", "name": "finish", "parameters": {"type": "object", "properties": {}}},
@@ -254,14 +257,17 @@ async def test_generic_fallback_calls_each_tool_with_schema_arguments() -> None:
         input_: list[dict[str, Any]] = [{"role": "user", "content": "anything at all"}]
         first = await sdk.responses.create(model="m", input=input_, tools=tools)
         assert first.output[0].name == "search"
+        # Required properties only, valid for the schema (polygym.json_schema.example_arguments).
         assert json.loads(first.output[0].arguments) == {
             "query": "example",
-            "limit": 0,
-            "score": 0,
-            "exact": False,
+            "limit": 1,
+            "score": 1.0,
+            "exact": True,
             "mode": "fast",
             "tags": ["example"],
             "filter": {"field": "example"},
+            "day": "2024-01-01",
+            "page": 2,
         }
         input_ = replay(input_, first, ["ok"])
         second = await sdk.responses.create(model="m", input=input_, tools=tools)
@@ -278,14 +284,6 @@ async def test_generic_fallback_calls_each_tool_with_schema_arguments() -> None:
     finally:
         await sdk.close()
         await srv.stop()
-
-
-def test_example_value_schema_shapes() -> None:
-    assert example_value({"type": ["null", "integer"]}) == 0
-    assert example_value({"anyOf": [{"type": "null"}, {"type": "boolean"}]}) is False
-    assert example_value({"const": "x"}) == "x"
-    assert example_value({"properties": {"a": {"type": "string"}}, "required": ["a"]}) == {"a": "example"}
-    assert example_value({"type": "array", "items": {"type": "object", "required": []}}) == [{}]
 
 
 # ---------------------------------------------------------------------------------- scripts
