@@ -46,6 +46,7 @@ from polygym.environments import (
     load_environment,
     resolve_env_dir,
 )
+from polygym.episodic import EpisodicServer
 from polygym.json_schema import example_arguments, schema_problems, validation_errors, wrong_type_cases
 from polygym.probe import NOT_CALLED, Probe
 from polygym.protocol import function_call_item, function_call_output_item, function_calls, message_item
@@ -181,6 +182,8 @@ class _Checker:
         for name, schema in self.tools.items():
             await self.step(f"tool {name}: call", self.tool_call(name, schema))
             await self.step(f"tool {name}: bad input", self.tool_bad_input(name, schema))
+        if issubclass(self.loaded.server_class, EpisodicServer):
+            await self.step("episode: reset/step", self.episode_protocol())
         await self.step("verify: wrong rollouts", self.wrong_rollouts())
         await self.step("verify: correct rollout", self.correct_rollouts())
         self.record("verify: correct beats wrong", self.correct_beats_wrong())
@@ -340,6 +343,36 @@ class _Checker:
                 problems.append(f"{label}: expected a 4xx, got {reply.describe()}")
         codes = "/".join(str(s) for s in sorted(statuses))
         return _outcome(problems, f"{len(cases)} malformed requests -> HTTP {codes} with a message")
+
+    async def episode_protocol(self) -> Outcome:
+        """Reset/step environments: the Gymnasium-style protocol answers as documented."""
+        cookie, problem = await self.http.seed(self.rows[0])
+        if cookie is None:
+            return FAIL, problem
+        problems = []
+        early = await self.http.request("POST", "/step", {"action": "1"}, cookie)
+        if early.status != 409:
+            problems.append(f"/step before /reset: expected 409, got {early.describe()}")
+        reset = await self.http.request("POST", "/reset", {}, cookie)
+        if not reset.ok or not isinstance(reset.json(), dict) or "observation" not in reset.json():
+            problems.append(f"/reset: expected 2xx with an observation, got {reset.describe()}")
+        bad = await self.http.request("POST", "/step", {"not_action": 1}, cookie)
+        if bad.status is None or not 400 <= bad.status < 500:
+            problems.append(f"/step without an action: expected a 4xx, got {bad.describe()}")
+        stepped = await self.http.request("POST", "/step", {"action": "1"}, cookie)
+        reply = stepped.json() if stepped.ok else None
+        if not isinstance(reply, dict):
+            problems.append(f"/step: expected 2xx with a JSON object, got {stepped.describe()}")
+        else:
+            reward = reply.get("reward")
+            if not isinstance(reward, int | float) or not math.isfinite(reward):
+                problems.append(f"/step: reward {reward!r} is not a finite number")
+            if not isinstance(reply.get("terminated"), bool) or not isinstance(reply.get("truncated"), bool):
+                problems.append("/step: terminated and truncated must be booleans")
+        ended = await self.http.end(cookie)
+        return _outcome(
+            [*problems, *([ended] if ended else [])], "409 before reset, reset, 4xx on bad step, step"
+        )
 
     async def wrong_rollouts(self) -> Outcome:
         problems = []
