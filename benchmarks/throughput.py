@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from benchmarks.harness import ROOT, GymStack, MemorySampler, cpu_seconds, percentile, print_table, write_json
+from benchmarks.harness import GymStack, MemorySampler, cpu_seconds, percentile, print_table, write_json
+from polygym.blend import load_blend, spec_from_flags, write_jsonl
 from polygym.catalog import selector_paths
 from polygym.client import ServerClient
 from polygym.config import load_config
@@ -39,14 +38,8 @@ AGENTS = [f"{e}_simple_agent" for e in ENVS]
 
 
 def mixed_input(path: Path) -> Path:
-    with path.open("wb") as handle:
-        for env in ENVS:
-            for line in (
-                (ROOT / "resources_servers" / env / "data" / "example.jsonl").read_bytes().splitlines()
-            ):
-                row = orjson.loads(line)
-                row["agent_ref"] = {"type": "responses_api_agents", "name": f"{env}_simple_agent"}
-                handle.write(orjson.dumps(row) + b"\n")
+    """Both environments' example rows, each stamped with its agent (`gym data blend --order concat`)."""
+    write_jsonl(load_blend(spec_from_flags(ENVS)).ordered("concat"), path)
     return path
 
 

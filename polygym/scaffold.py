@@ -296,8 +296,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -306,10 +304,10 @@ import pytest
 from polygym.envcheck import check_env
 from polygym.protocol import function_call_item, message_item, new_response
 from polygym.sessions import Session
+from polygym.testing import assert_generator_reproduces, read_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]
-DATA = ENV_DIR / "data" / "example.jsonl"
-ROWS = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
+ROWS = read_jsonl(ENV_DIR / "data" / "example.jsonl")
 
 
 def load_app():
@@ -380,10 +378,7 @@ def test_dataset_rows_match_the_code():
 
 
 def test_generator_reproduces_the_file_byte_for_byte(tmp_path):
-    out = tmp_path / "example.jsonl"
-    script = ENV_DIR / "data" / "generate.py"
-    subprocess.run([sys.executable, str(script), "--output", str(out)], check=True, capture_output=True)
-    assert out.read_bytes() == DATA.read_bytes()
+    assert_generator_reproduces(ENV_DIR / "data", tmp_path)
 
 
 def test_gym_env_check_passes():

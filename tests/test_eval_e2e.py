@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pytest
 
+from polygym.blend import load_blend, spec_from_flags, write_jsonl
 from polygym.catalog import selector_paths
 from polygym.client import ServerClient
 from polygym.config import load_config
@@ -25,23 +26,15 @@ from polygym.listen import AppServer, bind_socket
 from polygym.rollouts import Limits, collect
 from polygym.run_files import RunFiles, iter_jsonl
 from responses_api_models.scripted_model.app import ScriptedModel
-from tests.conftest import ROOT, gym_command, wait_until
+from tests.conftest import gym_command, wait_until
 
 ENVS = ("example_single_tool_call", "example_multi_step")
 SERVE = ["--model-type", "scripted_model", *[a for e in ENVS for a in ("--resources-server", e)]]
 
 
 def mixed_input(path: Path) -> Path:
-    """What the two `jq -c '. + {agent_ref: ...}' ... >> input.jsonl` commands of the guide produce."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("ab") as handle:
-        for env in ENVS:
-            for line in (
-                (ROOT / "resources_servers" / env / "data" / "example.jsonl").read_bytes().splitlines()
-            ):
-                row = orjson.loads(line)
-                row["agent_ref"] = {"type": "responses_api_agents", "name": f"{env}_simple_agent"}
-                handle.write(orjson.dumps(row) + b"\n")
+    """Both environments' example rows, each stamped with its agent (`gym data blend --order concat`)."""
+    write_jsonl(load_blend(spec_from_flags(ENVS)).ordered("concat"), path)
     return path
 
 
@@ -277,7 +270,7 @@ def test_resume_refuses_a_changed_input(tmp_path: Path) -> None:
     assert gym(*args, cwd=tmp_path).returncode == 0
     again = gym(*args, cwd=tmp_path)
     assert again.returncode == 2 and "--resume" in again.stderr and "--overwrite" in again.stderr
-    mixed_input(data)  # appends 10 more rows: the input changed
+    data.write_bytes(data.read_bytes() * 2)  # the same 10 rows again: the input changed
     changed = gym(*args, "--resume", cwd=tmp_path)
     assert changed.returncode == 2
     assert "the input or the run options changed" in changed.stderr

@@ -69,22 +69,6 @@ class CounterVerifyResponse(CounterVerifyRequest, VerifyResponse):
     num_increments: int
 
 
-def final_message_text(output: list[dict[str, Any]]) -> str:
-    """Text of the last assistant message; tolerant of malformed content (wrong types give '')."""
-    for item in reversed(output):
-        if item.get("type") != "message" or item.get("role", "assistant") != "assistant":
-            continue
-        content = item.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return "".join(
-                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-            )
-        return ""
-    return ""
-
-
 def reported_value(text: str) -> int | None:
     """The value the answer reports: the first integer after the last "final value", else the last one."""
     text = text.rsplit("</think>", 1)[-1]
@@ -150,7 +134,7 @@ class ExampleSessionStateMgmt(ResourcesServer):
         else:
             final, count = replay_increments(output, body.initial_value)
             source = "replay"
-        reported = reported_value(final_message_text(output))
+        reported = reported_value(body.response.output_text())
         counter_ok = final == body.expected_final_value
         answer_ok = reported == body.expected_final_value
         return CounterVerifyResponse(

@@ -69,22 +69,6 @@ class MathVerifyResponse(MathVerifyRequest, VerifyResponse):
     grading_error: str | None
 
 
-def final_message_text(output: list[dict[str, Any]]) -> str:
-    """Text of the last assistant message; tolerant of malformed content (wrong types give '')."""
-    for item in reversed(output):
-        if item.get("type") != "message" or item.get("role", "assistant") != "assistant":
-            continue
-        content = item.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return "".join(
-                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-            )
-        return ""
-    return ""
-
-
 class MathWithVerify(ResourcesServer):
     Config = MathWithVerifyConfig
     config: MathWithVerifyConfig
@@ -99,7 +83,7 @@ class MathWithVerify(ResourcesServer):
 
     async def verify(self, body: MathVerifyRequest) -> MathVerifyResponse:
         """Reward 1 iff the extracted final answer equals ``expected_answer`` symbolically, else 0."""
-        text = final_message_text(body.response.output)
+        text = body.response.output_text()
         text = text.rsplit("</think>", 1)[-1]  # a completed reasoning block is not the answer
         text = text[-self.config.max_answer_chars :]
         # math-verify's own step limits (whole seconds) stay well inside the hard limit.

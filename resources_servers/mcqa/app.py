@@ -110,22 +110,6 @@ class McqaVerifyResponse(McqaVerifyRequest, VerifyResponse):
     extraction_rule: Literal["boxed", "answer_colon", "standalone_letter"] | None
 
 
-def final_message_text(output: list[dict[str, Any]]) -> str:
-    """Text of the last assistant message; tolerant of malformed content (wrong types give '')."""
-    for item in reversed(output):
-        if item.get("type") != "message" or item.get("role", "assistant") != "assistant":
-            continue
-        content = item.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return "".join(
-                p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-            )
-        return ""
-    return ""
-
-
 def boxed_letter(text: str, labels: str) -> str | None:
     """The option letter in the last ``\\boxed{}``, or None when it holds anything else."""
     boxes = BOXED.findall(text)
@@ -179,7 +163,7 @@ class Mcqa(ResourcesServer):
         """Reward 1 iff the extracted option letter is ``expected_answer``, else 0."""
         labels = "".join(normalize_options(body.options))
         mode = body.extraction or self.config.extraction
-        text = final_message_text(body.response.output)[-self.config.max_answer_chars :]
+        text = body.response.output_text()[-self.config.max_answer_chars :]
         letter, rule = extract_letter(text, labels, mode)
         return McqaVerifyResponse(
             **body.model_dump(),

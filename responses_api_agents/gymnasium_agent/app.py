@@ -25,7 +25,6 @@ session, a 5xx) abort the rollout so the collector records a failure.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Literal
 
 import orjson
@@ -50,9 +49,8 @@ STEP_RETRY = RetryPolicy(attempts=3, retry_statuses=frozenset({429, 503}))
 class GymnasiumAgentConfig(AgentConfig):
     max_steps: int = Field(30, ge=1, description="model turns per episode")
     action_mode: Literal["text", "tool"] = "text"
-    model_timeout_s: float = 600.0
     env_timeout_s: float = 120.0
-    verify_timeout_s: float = 300.0
+    """seed_session, reset, one step."""
 
 
 def observation_text(observation: Any) -> str:
@@ -67,23 +65,6 @@ class GymnasiumAgent(Agent):
     Config = GymnasiumAgentConfig
     config: GymnasiumAgentConfig
 
-    async def run(self, row: dict[str, Any]) -> dict[str, Any]:
-        params = _create_params(row)
-        env = self.config.resources_server.name
-        cookies = await self._seed(row)
-        try:
-            response = await self._play(params, cookies)
-            reply = await self.client.call(
-                env,
-                "/verify",
-                {**row, "response": response},
-                cookies=cookies,
-                timeout_s=self.config.verify_timeout_s,
-            )
-            return reply.json()
-        finally:
-            await self._release(cookies)
-
     async def responses(self, body: dict[str, Any]) -> dict[str, Any]:
         """Play one episode; ``body`` is a dataset row or bare create params (for environments that
         need nothing else to reset)."""
@@ -92,14 +73,9 @@ class GymnasiumAgent(Agent):
             if isinstance(body, dict) and "responses_create_params" in body
             else {"responses_create_params": body}
         )
-        params = _create_params(row)
-        cookies = await self._seed(row)
-        try:
-            return await self._play(params, cookies)
-        finally:
-            await self._release(cookies)
+        return await self.play_in_session(row, verify=False)
 
-    async def _seed(self, row: dict[str, Any]) -> dict[str, str]:
+    async def seed_session(self, row: dict[str, Any]) -> dict[str, str]:
         reply = await self._env("/seed_session", row, {})
         return dict(reply.cookies)
 
@@ -122,19 +98,13 @@ class GymnasiumAgent(Agent):
                 ) from exc
             raise
 
-    async def _release(self, cookies: dict[str, str]) -> None:
-        with contextlib.suppress(ServerCallError):
-            await self.client.call(
-                self.config.resources_server.name, "/end_session", {}, cookies=cookies, timeout_s=10.0
-            )
-
     def _request_base(self, params: dict[str, Any]) -> dict[str, Any]:
         tools = [t for t in params.get("tools") or [] if isinstance(t, dict)]
         if self.config.action_mode == "tool" and not any(t.get("name") == ACTION_TOOL for t in tools):
             tools.append(action_tool_schema())
         return {**params, "tools": tools} if tools else {k: v for k, v in params.items() if k != "tools"}
 
-    async def _play(self, params: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
+    async def play(self, params: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
         """The episode loop; returns one Response holding the whole episode."""
         base = self._request_base(params)
         history = input_items(params)
@@ -144,7 +114,7 @@ class GymnasiumAgent(Agent):
         model = ""
         done = False
         for _ in range(self.config.max_steps):
-            reply = await self._model_call({**base, "input": history + output}, cookies)
+            reply = await self.call_model({**base, "input": history + output}, cookies)
             usages.append(reply.get("usage"))
             model = reply.get("model", model)
             items = [i for i in reply.get("output") or [] if isinstance(i, dict)]
@@ -192,30 +162,9 @@ class GymnasiumAgent(Agent):
         done = bool(result.get("terminated") or result.get("truncated"))
         return observation_text(result.get("observation")), turn.call_id, done
 
-    async def _model_call(self, request: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
-        reply = await self.client.call(
-            self.config.model_server.name,
-            "/v1/responses",
-            request,
-            cookies=cookies,
-            timeout_s=self.config.model_timeout_s,
-        )
-        return reply.json()
-
 
 def _stray_call_error(item: dict[str, Any]) -> str:
     if item.get("name") == ACTION_TOOL:
         return "Error: only the first act call of a turn is played; take one action per turn."
     name = item.get("name", "")
     return f"Error: there is no tool named '{name}'. Use the {ACTION_TOOL} tool to take an action."
-
-
-def _create_params(row: Any) -> dict[str, Any]:
-    if not isinstance(row, dict):
-        raise HTTPError(422, "the row must be a JSON object", "validation_error")
-    params = row.get("responses_create_params")
-    if not isinstance(params, dict) or "input" not in params:
-        raise HTTPError(
-            422, "responses_create_params: must be an object with an 'input' field", "validation_error"
-        )
-    return params

@@ -9,7 +9,6 @@ session is released in every case, so a long run does not leak environment state
 
 from __future__ import annotations
 
-import contextlib
 import re
 from typing import Any
 
@@ -19,7 +18,6 @@ from polygym.agent import Agent, AgentConfig
 from polygym.client import ServerCallError
 from polygym.protocol import function_call_output_item, input_items, new_response, sum_usage
 from polygym.retry import RetryPolicy
-from polygym.server import HTTPError
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # A tool call may change state, so only retry when the request provably never arrived.
@@ -28,47 +26,21 @@ TOOL_RETRY = RetryPolicy(attempts=3, retry_statuses=frozenset({429, 503}))
 
 class SimpleAgentConfig(AgentConfig):
     max_steps: int = 10
-    model_timeout_s: float = 600.0
     tool_timeout_s: float = 120.0
-    verify_timeout_s: float = 300.0
+    """One tool call, and seed_session."""
 
 
 class SimpleAgent(Agent):
     Config = SimpleAgentConfig
     config: SimpleAgentConfig
 
-    async def run(self, row: dict[str, Any]) -> dict[str, Any]:
-        params = _create_params(row)
-        env = self.config.resources_server.name
-        cookies = (
-            await self.client.call(env, "/seed_session", row, timeout_s=self.config.tool_timeout_s)
-        ).cookies
-        try:
-            response = await self._play(params, cookies)
-            reply = await self.client.call(
-                env,
-                "/verify",
-                {**row, "response": response},
-                cookies=cookies,
-                timeout_s=self.config.verify_timeout_s,
-            )
-            return reply.json()
-        finally:
-            await self._release(env, cookies)
+    async def seed_session(self, row: dict[str, Any]) -> dict[str, str]:
+        reply = await self.client.call(
+            self.config.resources_server.name, "/seed_session", row, timeout_s=self.config.tool_timeout_s
+        )
+        return dict(reply.cookies)
 
-    async def responses(self, params: dict[str, Any]) -> dict[str, Any]:
-        env = self.config.resources_server.name
-        cookies = (await self.client.call(env, "/seed_session", {"responses_create_params": params})).cookies
-        try:
-            return await self._play(_create_params({"responses_create_params": params}), cookies)
-        finally:
-            await self._release(env, cookies)
-
-    async def _release(self, env: str, cookies: dict[str, str]) -> None:
-        with contextlib.suppress(ServerCallError):
-            await self.client.call(env, "/end_session", {}, cookies=cookies, timeout_s=10.0)
-
-    async def _play(self, params: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
+    async def play(self, params: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
         """The model/tool loop; returns one Response holding every generated item and tool output."""
         history = input_items(params)
         offered = {t.get("name") for t in params.get("tools") or [] if isinstance(t, dict)}
@@ -77,7 +49,7 @@ class SimpleAgent(Agent):
         last: dict[str, Any] = {}
         truncated = False
         for step in range(self.config.max_steps):
-            last = await self._model_call({**params, "input": history + output}, cookies)
+            last = await self.call_model({**params, "input": history + output}, cookies)
             usages.append(last.get("usage"))
             items = last.get("output") or []
             output.extend(items)
@@ -91,17 +63,6 @@ class SimpleAgent(Agent):
         extra = {"incomplete_details": {"reason": "max_steps"}} if truncated else {}
         status = "incomplete" if truncated else last.get("status", "completed")
         return new_response(output, last.get("model", ""), sum_usage(usages), status=status, **extra)
-
-    async def _model_call(self, request: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
-        """One model turn; the session cookie rides along so model servers can route stickily."""
-        reply = await self.client.call(
-            self.config.model_server.name,
-            "/v1/responses",
-            request,
-            cookies=cookies,
-            timeout_s=self.config.model_timeout_s,
-        )
-        return reply.json()
 
     async def _run_tool(self, call: dict[str, Any], offered: set[Any], cookies: dict[str, str]) -> str:
         """Execute one function call; anything the model got wrong comes back as text for it."""
@@ -130,14 +91,3 @@ class SimpleAgent(Agent):
             return f"Error: {name} failed: {exc.detail}"
         cookies.update(reply.cookies)
         return reply.body.decode()
-
-
-def _create_params(row: Any) -> dict[str, Any]:
-    if not isinstance(row, dict):
-        raise HTTPError(422, "the row must be a JSON object", "validation_error")
-    params = row.get("responses_create_params")
-    if not isinstance(params, dict) or "input" not in params:
-        raise HTTPError(
-            422, "responses_create_params: must be an object with an 'input' field", "validation_error"
-        )
-    return params

@@ -9,19 +9,19 @@ first five train problems.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 if not __package__:  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from polygym.datagen import generator_main, per_split
 from resources_servers.code_exec.problems import SPLITS, Problem, reference_outputs
 
 HERE = Path(__file__).parent
 AGENT = "code_exec_simple_agent"
 NUM_EXAMPLE_ROWS = 5
+SPLIT_NAMES = ["example", "train", "validation"]
 
 SYSTEM = (
     "You are an expert Python programmer. Answer with the complete function in a single ```python "
@@ -62,20 +62,8 @@ def build_split(split: str) -> list[dict]:
     return [build_row(p) for p in SPLITS[split]]
 
 
-def write(rows: list[dict], path: Path) -> None:
-    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    print(f"wrote {len(rows)} rows to {path}")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--split", choices=["example", "train", "validation"], help="write only this split")
-    parser.add_argument("--output", type=Path, help="where to write --split (default: next to this file)")
-    args = parser.parse_args(argv)
-    if args.output and not args.split:
-        parser.error("--output needs --split")
-    for split in [args.split] if args.split else ["example", "train", "validation"]:
-        write(build_split(split), args.output or HERE / f"{split}.jsonl")
+    generator_main(per_split(build_split), SPLIT_NAMES, HERE, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -4,47 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from polygym.client import ServerCallError, ServerClient
-from polygym.protocol import message_item, new_response
+from polygym.client import ServerCallError
+from polygym.protocol import new_response
+from polygym.testing import (
+    assert_generator_reproduces,
+    in_process_client,
+    read_splits,
+    serve_in_process,
+    synthetic_response,
+    verify,
+)
 from resources_servers.code_exec.app import CodeExec, extract_code, values_equal
 from resources_servers.code_exec.problems import PROBLEMS, SPLITS, reference_outputs
 from resources_servers.code_exec.sandbox import Sandbox, SandboxConfig
 
-ENV_DIR = Path(__file__).resolve().parents[1]
-DATA = ENV_DIR / "data"
-GENERATE = DATA / "generate.py"
-SPLIT_FILES = {name: DATA / f"{name}.jsonl" for name in ("example", "train", "validation")}
-ROWS = {
-    name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in SPLIT_FILES.items()
-}
+DATA = Path(__file__).resolve().parents[1] / "data"
+ROWS = read_splits(DATA)
 FAST = {"sandbox": {"limits": {"wall_s": 4, "per_test_timeout_s": 0.5}}}
 
 
 @pytest.fixture
 async def env():
-    server = CodeExec("code_exec", FAST)
-    client = ServerClient()
-    client.add_local("env", server.app)
-    async with server.app.router.lifespan_context(server.app):
+    async with serve_in_process(CodeExec("code_exec", FAST)) as client:
         yield client
 
 
-def answer(text: str) -> dict:
-    return new_response([message_item(text)], model="scripted")
-
-
 def code_answer(code: str) -> dict:
-    return answer(f"Sure:\n\n```python\n{code}\n```\nThis should work.")
-
-
-async def verify(client: ServerClient, row: dict, response: dict) -> dict:
-    return (await client.call("env", "/verify", {**row, "response": response})).json()
+    return synthetic_response(f"Sure:\n\n```python\n{code}\n```\nThis should work.")
 
 
 async def test_reference_solutions_pass_every_row_of_every_split(env):
@@ -73,8 +63,7 @@ async def test_partly_right_code_gets_the_fraction_passed(env):
 
 async def test_all_or_nothing_switch():
     server = CodeExec("code_exec", {**FAST, "all_or_nothing": True})
-    client = ServerClient()
-    client.add_local("env", server.app)
+    client = in_process_client(server)
     row = ROWS["example"][0]
     result = await verify(client, row, code_answer("def sum_of_evens(nums):\n    return 0\n"))
     assert result["reward"] == 0.0 and result["pass_rate"] > 0
@@ -97,7 +86,7 @@ async def test_all_or_nothing_switch():
     ids=["empty", "prose", "empty-block", "wrong-name", "syntax", "exit", "loop-at-import", "too-long"],
 )
 async def test_failures_score_zero_with_a_status(env, text, status):
-    result = await verify(env, ROWS["example"][0], answer(text))
+    result = await verify(env, ROWS["example"][0], text)
     assert result["reward"] == 0.0
     assert result["status"] == status
     assert result["error"]
@@ -107,7 +96,7 @@ async def test_garbage_outputs_score_zero(env):
     row = ROWS["example"][0]
     for response in (
         new_response([], model="x"),
-        answer("x" * 1_000_000),
+        synthetic_response("x" * 1_000_000),
         new_response([{"type": "function_call", "name": "f", "arguments": "{", "call_id": "c"}], model="x"),
         new_response([{"type": "message", "role": "assistant", "content": [{"type": "refusal"}]}], model="x"),
     ):
@@ -139,7 +128,7 @@ async def test_malformed_rows_are_422_naming_the_field(env, change, field):
 async def test_missing_fields_are_422(env):
     row = {k: v for k, v in ROWS["example"][0].items() if k not in ("tests", "entry_point")}
     with pytest.raises(ServerCallError) as err:
-        await env.call("env", "/verify", {**row, "response": answer("x")})
+        await env.call("env", "/verify", {**row, "response": synthetic_response("x")})
     assert err.value.status == 422
     assert "tests" in err.value.detail and "entry_point" in err.value.detail
 
@@ -243,14 +232,7 @@ def test_datasets_are_consistent_with_the_problem_bank():
 
 
 def test_generator_reproduces_the_files_byte_for_byte(tmp_path):
-    for split, path in SPLIT_FILES.items():
-        out = tmp_path / f"{split}.jsonl"
-        subprocess.run(
-            [sys.executable, str(GENERATE), "--split", split, "--output", str(out)],
-            check=True,
-            capture_output=True,
-        )
-        assert out.read_bytes() == path.read_bytes(), split
+    assert_generator_reproduces(DATA, tmp_path)
 
 
 async def test_basic_isolation_still_limits_time_and_output():

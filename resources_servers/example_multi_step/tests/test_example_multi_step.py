@@ -4,29 +4,23 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from polygym.client import ServerCallError, ServerClient
+from polygym.client import ServerCallError
 from polygym.protocol import function_call_item, function_call_output_item, message_item, new_response
+from polygym.testing import assert_generator_reproduces, read_jsonl, serve_in_process, verify
 from resources_servers.example_multi_step.app import ExampleMultiStep, synonym_value
 
-ENV_DIR = Path(__file__).resolve().parents[1]
-DATA = ENV_DIR / "data" / "example.jsonl"
-GENERATE = ENV_DIR / "data" / "generate.py"
-ROWS = [json.loads(line) for line in DATA.read_text().splitlines()]
+DATA = Path(__file__).resolve().parents[1] / "data"
+ROWS = read_jsonl(DATA / "example.jsonl")
 WORDS_IN_PROMPT = re.compile(r"synonyms: ([a-z]+(?:, [a-z]+)*)\.")
 
 
 @pytest.fixture
 async def env():
-    server = ExampleMultiStep("example_multi_step", {})
-    client = ServerClient()
-    client.add_local("env", server.app)
-    async with server.app.router.lifespan_context(server.app):
+    async with serve_in_process(ExampleMultiStep("example_multi_step", {})) as client:
         yield client
 
 
@@ -47,10 +41,6 @@ def rollout(words: list[str], submissions: list[object], answer: str | None = "S
     if answer is not None:
         output.append(message_item(answer))
     return new_response(output, model="scripted")
-
-
-async def verify(client: ServerClient, row: dict, response: dict, cookies: dict | None = None) -> dict:
-    return (await client.call("env", "/verify", {**row, "response": response}, cookies=cookies)).json()
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[",".join(r["expected_synonyms"]) for r in ROWS])
@@ -197,6 +187,4 @@ def test_dataset_has_five_valid_rows_with_parsable_prompts():
 
 
 def test_generator_reproduces_the_file_byte_for_byte(tmp_path):
-    out = tmp_path / "example.jsonl"
-    subprocess.run([sys.executable, str(GENERATE), "--output", str(out)], check=True, capture_output=True)
-    assert out.read_bytes() == DATA.read_bytes()
+    assert_generator_reproduces(DATA, tmp_path)

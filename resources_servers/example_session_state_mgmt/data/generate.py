@@ -13,8 +13,6 @@ value is deliberately not in the prompt: the policy has to read the counter.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -22,6 +20,7 @@ from pathlib import Path
 if not __package__:  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from polygym.datagen import generator_main
 from resources_servers.example_session_state_mgmt.app import ExampleSessionStateMgmt
 
 SEED = 90417
@@ -85,23 +84,8 @@ def build_splits(seed: int = SEED) -> dict[str, list[dict]]:
     return splits
 
 
-def write_jsonl(rows: list[dict], path: Path) -> None:
-    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    print(f"wrote {len(rows)} rows to {path}")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, help="write one split (see --split) to this JSONL file")
-    parser.add_argument("--split", choices=sorted(SPLITS), default="example", help="the split for --output")
-    parser.add_argument("--output-dir", type=Path, default=DATA_DIR, help="where to write all splits")
-    args = parser.parse_args(argv)
-    splits = build_splits()
-    if args.output is not None:
-        write_jsonl(splits[args.split], args.output)
-        return
-    for split, rows in splits.items():
-        write_jsonl(rows, args.output_dir / f"{split}.jsonl")
+    generator_main(lambda _: build_splits(), SPLITS, DATA_DIR, __doc__, argv)
 
 
 if __name__ == "__main__":

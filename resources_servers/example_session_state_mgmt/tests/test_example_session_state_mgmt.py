@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from polygym.client import ServerCallError, ServerClient
 from polygym.protocol import function_call_item, message_item, new_response
+from polygym.testing import assert_generator_reproduces, in_process_client, read_splits, verify
 from resources_servers.example_session_state_mgmt.app import ExampleSessionStateMgmt, reported_value
 
-ENV_DIR = Path(__file__).resolve().parents[1]
-DATA_DIR = ENV_DIR / "data"
-GENERATE = DATA_DIR / "generate.py"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SPLITS = {"example": 5, "train": 200, "validation": 50}
-LOADED = {
-    s: [json.loads(line) for line in (DATA_DIR / f"{s}.jsonl").read_text().splitlines()] for s in SPLITS
-}
+LOADED = read_splits(DATA_DIR, SPLITS)
 ROWS = LOADED["example"]
 AMOUNTS_IN_PROMPT = re.compile(r"amounts: (-?\d+(?:, -?\d+)*)\.")
 
@@ -36,14 +30,7 @@ async def server():
 
 @pytest.fixture
 def env(server):
-    client = ServerClient()
-    client.add_local("env", server.app)
-    return client
-
-
-async def verify(client: ServerClient, row: dict, output: list[dict], cookies: dict | None = None) -> dict:
-    body = {**row, "response": new_response(output, model="scripted")}
-    return (await client.call("env", "/verify", body, cookies=cookies)).json()
+    return in_process_client(server)
 
 
 async def play(client: ServerClient, row: dict, amounts: list[int]) -> dict:
@@ -280,11 +267,4 @@ def test_datasets_have_the_right_sizes_valid_rows_and_disjoint_splits():
 
 
 def test_generator_reproduces_every_file_byte_for_byte(tmp_path):
-    subprocess.run(
-        [sys.executable, str(GENERATE), "--output-dir", str(tmp_path)], check=True, capture_output=True
-    )
-    for split in SPLITS:
-        assert (tmp_path / f"{split}.jsonl").read_bytes() == (DATA_DIR / f"{split}.jsonl").read_bytes()
-    single = tmp_path / "single.jsonl"
-    subprocess.run([sys.executable, str(GENERATE), "--output", str(single)], check=True, capture_output=True)
-    assert single.read_bytes() == (DATA_DIR / "example.jsonl").read_bytes()
+    assert_generator_reproduces(DATA_DIR, tmp_path)

@@ -10,8 +10,6 @@ test policies find the city with that pattern, so keep it when adding templates.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -19,11 +17,12 @@ from pathlib import Path
 if not __package__:  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from polygym.datagen import generator_main
 from resources_servers.example_single_tool_call.app import ExampleSingleToolCall
 
 SEED = 20240611
 NUM_ROWS = 5
-DEFAULT_OUTPUT = Path(__file__).with_name("example.jsonl")
+DATA_DIR = Path(__file__).resolve().parent
 AGENT = "example_single_tool_call_simple_agent"
 
 SYSTEM = (
@@ -63,12 +62,7 @@ def build_rows(seed: int = SEED) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the JSONL")
-    args = parser.parse_args(argv)
-    lines = [json.dumps(row, ensure_ascii=False) + "\n" for row in build_rows()]
-    args.output.write_text("".join(lines), encoding="utf-8")
-    print(f"wrote {len(lines)} rows to {args.output}")
+    generator_main(lambda _: {"example": build_rows()}, ["example"], DATA_DIR, __doc__, argv)
 
 
 if __name__ == "__main__":

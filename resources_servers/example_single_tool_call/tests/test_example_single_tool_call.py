@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from polygym import testing
 from polygym.client import ServerCallError, ServerClient
 from polygym.protocol import function_call_item, function_call_output_item, message_item, new_response
+from polygym.testing import read_jsonl, serve_in_process
 from resources_servers.example_single_tool_call.app import ExampleSingleToolCall, weather_for
 
-ENV_DIR = Path(__file__).resolve().parents[1]
-DATA = ENV_DIR / "data" / "example.jsonl"
-GENERATE = ENV_DIR / "data" / "generate.py"
-ROWS = [json.loads(line) for line in DATA.read_text().splitlines()]
+DATA = Path(__file__).resolve().parents[1] / "data"
+ROWS = read_jsonl(DATA / "example.jsonl")
 CITY_IN_PROMPT = re.compile(r"weather in ([A-Z][a-z]+(?: [A-Z][a-z]+)*)[?.,!]")
 
 
 @pytest.fixture
 async def env():
-    server = ExampleSingleToolCall("example_single_tool_call", {})
-    client = ServerClient()
-    client.add_local("env", server.app)
-    async with server.app.router.lifespan_context(server.app):
+    async with serve_in_process(ExampleSingleToolCall("example_single_tool_call", {})) as client:
         yield client
 
 
@@ -45,8 +39,9 @@ def rollout(city: Any, answer: str | None = "It is mild today.", raw_arguments: 
 
 
 async def verify(client: ServerClient, row: dict, response: dict) -> dict:
+    """Verify inside a seeded session, released afterwards, the way an agent does."""
     seed = await client.call("env", "/seed_session", row)
-    result = (await client.call("env", "/verify", {**row, "response": response}, cookies=seed.cookies)).json()
+    result = await testing.verify(client, row, response, seed.cookies)
     await client.call("env", "/end_session", {}, cookies=seed.cookies)
     return result
 
@@ -151,6 +146,4 @@ def test_dataset_has_five_valid_rows_with_parsable_prompts():
 
 
 def test_generator_reproduces_the_file_byte_for_byte(tmp_path):
-    out = tmp_path / "example.jsonl"
-    subprocess.run([sys.executable, str(GENERATE), "--output", str(out)], check=True, capture_output=True)
-    assert out.read_bytes() == DATA.read_bytes()
+    testing.assert_generator_reproduces(DATA, tmp_path)

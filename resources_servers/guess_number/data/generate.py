@@ -9,8 +9,6 @@ only the system prompt and then the game's observations.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 if not __package__:  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from polygym.datagen import generator_parser, per_split, write_splits
 from resources_servers.guess_number.app import GameSpec
 
 HERE = Path(__file__).parent
@@ -53,26 +52,20 @@ def build_rows(num_rows: int, seed: int, slack: int = 1) -> list[dict]:
     return rows
 
 
-def write(rows: list[dict], path: Path) -> None:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    print(f"wrote {len(rows)} rows to {path}")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--split", choices=sorted(SPLITS), help="write only this split")
-    parser.add_argument("--output", type=Path, help="where to write --split (default: next to this file)")
+    parser = generator_parser(__doc__, SPLITS, HERE)
     parser.add_argument("--rows", type=int, help="rows for --split (default: 5/500/100)")
     parser.add_argument("--seed", type=int, help="seed for --split (default: 11/12/13)")
     parser.add_argument("--slack", type=int, default=1, help="guesses beyond what binary search needs")
     args = parser.parse_args(argv)
-    if (args.output or args.rows or args.seed is not None) and not args.split:
-        parser.error("--output, --rows and --seed need --split")
-    for split in [args.split] if args.split else list(SPLITS):
+    if (args.rows or args.seed is not None) and not args.split:
+        parser.error("--rows and --seed need --split")
+
+    def build(split: str) -> list[dict]:
         rows, seed = SPLITS[split]
-        rows = args.rows or rows
-        seed = args.seed if args.seed is not None else seed
-        write(build_rows(rows, seed, args.slack), args.output or HERE / f"{split}.jsonl")
+        return build_rows(args.rows or rows, seed if args.seed is None else args.seed, args.slack)
+
+    write_splits(args, SPLITS, per_split(build))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,13 @@ from polygym.client import ServerCallError, ServerClient
 from polygym.episodic import MAX_ACTION_CHARS, EpisodicServer, split_turns, turn_action
 from polygym.protocol import function_call_item, function_call_output_item, message_item, new_response
 from polygym.sessions import Session
+from polygym.testing import (
+    assert_generator_reproduces,
+    in_process_client,
+    read_splits,
+    serve_in_process,
+    verify,
+)
 from resources_servers.guess_number.app import (
     GameSpec,
     GuessNumber,
@@ -22,13 +27,8 @@ from resources_servers.guess_number.app import (
     parse_guess,
 )
 
-ENV_DIR = Path(__file__).resolve().parents[1]
-DATA = ENV_DIR / "data"
-GENERATE = DATA / "generate.py"
-SPLIT_FILES = {name: DATA / f"{name}.jsonl" for name in ("example", "train", "validation")}
-ROWS = {
-    name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in SPLIT_FILES.items()
-}
+DATA = Path(__file__).resolve().parents[1] / "data"
+ROWS = read_splits(DATA)
 NO_NUMBER = (
     "I could not find a whole number in your reply. Reply with a number from 1 to 100. 7 guesses left."
 )
@@ -38,17 +38,9 @@ ROW = {
 }
 
 
-def make_client(config: dict | None = None) -> tuple[GuessNumber, ServerClient]:
-    server = GuessNumber("guess_number", config or {})
-    client = ServerClient()
-    client.add_local("env", server.app)
-    return server, client
-
-
 @pytest.fixture
 async def env():
-    server, client = make_client()
-    async with server.app.router.lifespan_context(server.app):
+    async with serve_in_process(GuessNumber("guess_number", {})) as client:
         yield client
 
 
@@ -60,11 +52,6 @@ async def start(client: ServerClient, row: dict = ROW) -> tuple[dict[str, str], 
 
 async def step(client: ServerClient, cookies: dict[str, str], action: Any) -> dict:
     return (await client.call("env", "/step", {"action": action}, cookies=cookies)).json()
-
-
-async def verify(client: ServerClient, row: dict, output: list[dict], cookies: dict | None = None) -> dict:
-    body = {**row, "response": new_response(output, model="scripted")}
-    return (await client.call("env", "/verify", body, cookies=cookies)).json()
 
 
 async def test_binary_search_wins_and_verify_reads_the_session(env):
@@ -266,7 +253,7 @@ async def test_verify_is_deterministic(env):
 
 
 async def test_the_base_truncates_long_episodes():
-    _, client = make_client({"max_episode_steps": 2})
+    client = in_process_client(GuessNumber("guess_number", {"max_episode_steps": 2}))
     seed = await client.call("env", "/seed_session", ROW)
     await client.call("env", "/reset", {}, cookies=seed.cookies)
     assert (await step(client, seed.cookies, "1"))["truncated"] is False
@@ -302,8 +289,7 @@ class TupleGame(EpisodicServer):
 
 async def test_subclasses_may_return_gymnasium_tuples_and_json_observations():
     server = TupleGame("tuple_game", {})
-    client = ServerClient()
-    client.add_local("env", server.app)
+    client = in_process_client(server)
     reset = await client.call("env", "/reset", ROW)
     assert reset.json()["observation"] == {"board": [0, 0]}
     first = await step(client, reset.cookies, "a")
@@ -348,11 +334,4 @@ def test_datasets_are_winnable_and_split():
 
 
 def test_generator_reproduces_the_files_byte_for_byte(tmp_path):
-    for split, path in SPLIT_FILES.items():
-        out = tmp_path / f"{split}.jsonl"
-        subprocess.run(
-            [sys.executable, str(GENERATE), "--split", split, "--output", str(out)],
-            check=True,
-            capture_output=True,
-        )
-        assert out.read_bytes() == path.read_bytes(), split
+    assert_generator_reproduces(DATA, tmp_path)

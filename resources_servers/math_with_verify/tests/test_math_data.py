@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
 import sympy
 
+from polygym.testing import assert_generator_reproduces, read_splits
+
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-GENERATE = DATA_DIR / "generate.py"
 SPLITS = {"example": 5, "train": 200, "validation": 50}
-LOADED = {
-    s: [json.loads(line) for line in (DATA_DIR / f"{s}.jsonl").read_text().splitlines()] for s in SPLITS
-}
+LOADED = read_splits(DATA_DIR, SPLITS)
 ALL_ROWS = [row for rows in LOADED.values() for row in rows]
 ANSWER = re.compile(r"^-?\d+(/\d+)?$")
 
@@ -78,11 +74,4 @@ def test_answers_match_an_independent_solution():
 
 
 def test_generator_reproduces_every_file_byte_for_byte(tmp_path):
-    subprocess.run(
-        [sys.executable, str(GENERATE), "--output-dir", str(tmp_path)], check=True, capture_output=True
-    )
-    for split in SPLITS:
-        assert (tmp_path / f"{split}.jsonl").read_bytes() == (DATA_DIR / f"{split}.jsonl").read_bytes()
-    single = tmp_path / "single.jsonl"
-    subprocess.run([sys.executable, str(GENERATE), "--output", str(single)], check=True, capture_output=True)
-    assert single.read_bytes() == (DATA_DIR / "example.jsonl").read_bytes()
+    assert_generator_reproduces(DATA_DIR, tmp_path)

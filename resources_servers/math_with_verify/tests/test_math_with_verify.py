@@ -13,39 +13,26 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from polygym.client import ServerCallError, ServerClient
-from polygym.protocol import message_item, new_response
+from polygym.client import ServerCallError
+from polygym.protocol import message_item
+from polygym.testing import read_jsonl, serve_in_process, synthetic_response, verify
 from resources_servers.math_with_verify.app import MathWithVerify
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-ROWS = [
-    json.loads(line)
-    for line in (Path(__file__).resolve().parents[1] / "data" / "example.jsonl").read_text().splitlines()
-]
+ROWS = read_jsonl(Path(__file__).resolve().parents[1] / "data" / "example.jsonl")
 FRACTION_ROW = next(r for r in ROWS if r["expected_answer"] == "25/3")
 NEGATIVE_ROW = next(r for r in ROWS if r["expected_answer"] == "-35/6")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def env():
-    server = MathWithVerify("math_with_verify", {"verify_workers": 1})
-    client = ServerClient()
-    client.add_local("env", server.app)
-    async with server.app.router.lifespan_context(server.app):
+    async with serve_in_process(MathWithVerify("math_with_verify", {"verify_workers": 1})) as client:
         yield client
 
 
 def body_for(row: dict, output: list[dict]) -> dict:
-    return {**row, "response": new_response(output, model="scripted")}
-
-
-async def verify(client: ServerClient, row: dict, output: list[dict]) -> dict:
-    return (await client.call("env", "/verify", body_for(row, output))).json()
-
-
-async def verify_text(client: ServerClient, row: dict, text: str) -> dict:
-    return await verify(client, row, [message_item(text)])
+    return {**row, "response": synthetic_response(output)}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["expected_answer"] for r in ROWS])
@@ -71,7 +58,7 @@ async def test_example_solution_gets_reward_one_for_every_row(env, row):
     ids=["boxed-frac", "boxed-slash", "answer-colon", "bold-answer-dfrac", "decimal", "think", "boxed-wins"],
 )
 async def test_answer_forms_that_match(env, text, extracted):
-    result = await verify_text(env, FRACTION_ROW, text)
+    result = await verify(env, FRACTION_ROW, text)
     assert result["reward"] == 1.0, result["extracted_text"]
     assert result["extracted_answer"] == extracted
 
@@ -88,22 +75,22 @@ async def test_answer_forms_that_match(env, text, extracted):
     ids=["wrong-int", "rounded", "swapped", "no-number", "empty"],
 )
 async def test_wrong_or_missing_answers_get_zero(env, text, extracted):
-    result = await verify_text(env, FRACTION_ROW, text)
+    result = await verify(env, FRACTION_ROW, text)
     assert result["reward"] == 0.0
     assert result["extracted_answer"] == extracted
 
 
 async def test_negative_fractions_and_equations(env):
     for text in ("\\boxed{-\\frac{35}{6}}", "\\boxed{x = -35/6}", "Answer: -35/6", "Answer: x = -5.833333"):
-        assert (await verify_text(env, NEGATIVE_ROW, text))["reward"] == 1.0, text
-    assert (await verify_text(env, NEGATIVE_ROW, "\\boxed{35/6}"))["reward"] == 0.0
+        assert (await verify(env, NEGATIVE_ROW, text))["reward"] == 1.0, text
+    assert (await verify(env, NEGATIVE_ROW, "\\boxed{35/6}"))["reward"] == 0.0
 
 
 @pytest.mark.parametrize(
     ("expected", "text"), [(57, "\\boxed{57}"), (0.75, "Answer: 3/4"), ("  3/4 ", "Answer: 0.75")]
 )
 async def test_numeric_and_padded_expected_answers_are_accepted(env, expected, text):
-    result = await verify_text(env, {**ROWS[0], "expected_answer": expected}, text)
+    result = await verify(env, {**ROWS[0], "expected_answer": expected}, text)
     assert result["reward"] == 1.0
 
 
@@ -129,7 +116,7 @@ async def test_bad_expected_answer_is_422(env, expected, needle):
 async def test_missing_expected_answer_is_422_naming_it(env):
     row = {k: v for k, v in ROWS[0].items() if k != "expected_answer"}
     with pytest.raises(ServerCallError) as err:
-        await verify_text(env, row, "\\boxed{57}")
+        await verify(env, row, "\\boxed{57}")
     assert err.value.status == 422
     assert "expected_answer" in err.value.detail
 
@@ -165,7 +152,7 @@ async def test_malformed_bodies_get_422(env, patch):
 
 async def test_restating_the_question_earns_nothing(env):
     row = {**ROWS[0], "expected_answer": "7/6"}
-    result = await verify_text(env, row, "Scripted reply to: Compute 3/2 - 3/9.")
+    result = await verify(env, row, "Scripted reply to: Compute 3/2 - 3/9.")
     assert (result["reward"], result["extracted_answer"]) == (0.0, None)
 
 
@@ -178,14 +165,12 @@ async def test_verify_is_deterministic(env):
 async def test_a_verification_past_its_time_limit_is_stopped_and_the_next_one_works():
     """sympy evaluating 9^(9^(9^9)) never yields to math-verify's own alarms: only the kill stops it."""
     server = MathWithVerify("math_with_verify", {"verify_workers": 1, "verify_timeout_s": 4})
-    client = ServerClient()
-    client.add_local("env", server.app)
-    async with server.app.router.lifespan_context(server.app):
-        await verify_text(client, ROWS[0], "\\boxed{57}")  # warm the worker up (imports sympy)
+    async with serve_in_process(server) as client:
+        await verify(client, ROWS[0], "\\boxed{57}")  # warm the worker up (imports sympy)
         started = time.monotonic()
-        bomb = await verify_text(client, ROWS[0], "\\boxed{9^{9^{9^{9}}}}")
+        bomb = await verify(client, ROWS[0], "\\boxed{9^{9^{9^{9}}}}")
         assert time.monotonic() - started < 15
-        after = await verify_text(client, ROWS[0], "\\boxed{57}")
+        after = await verify(client, ROWS[0], "\\boxed{57}")
     assert (bomb["reward"], bomb["extracted_answer"]) == (0.0, None)
     assert bomb["grading_error"].startswith("timeout")
     assert (after["reward"], after["grading_error"]) == (1.0, None)  # served by a replacement worker
@@ -200,7 +185,7 @@ async def test_aggregate_metrics_report_pass_and_majority_at_k(env):
         ]
     ):
         for index, text in enumerate(texts):
-            result = await verify_text(env, row, text)
+            result = await verify(env, row, text)
             rollouts.append({**result, "_ng_task_index": task, "_ng_rollout_index": index})
     metrics = (await env.call("env", "/aggregate_metrics", {"rollouts": rollouts})).json()
     agent = metrics["agent_metrics"]

@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import subprocess
-import sys
+from contextlib import AsyncExitStack
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
-from polygym.client import ServerCallError, ServerClient
+from polygym.client import ServerCallError
 from polygym.protocol import message_item, new_response
+from polygym.testing import assert_generator_reproduces, read_splits, serve_in_process, verify
 from resources_servers.mcqa.app import Mcqa, extract_letter, normalize_options
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
-GENERATE = DATA_DIR / "generate.py"
 SPLITS = {"example": 5, "train": 200, "validation": 50}
-LOADED = {
-    s: [json.loads(line) for line in (DATA_DIR / f"{s}.jsonl").read_text().splitlines()] for s in SPLITS
-}
+LOADED = read_splits(DATA_DIR, SPLITS)
 ROWS = LOADED["example"]
 ROW = {  # a hand-made row: answer C of four
     "responses_create_params": {"input": "Which is 2 + 2?"},
@@ -33,31 +29,17 @@ ROW = {  # a hand-made row: answer C of four
 @pytest.fixture
 async def make_env():
     """``make_env(**config)``: a client whose ``env`` is a fresh server with that config."""
-    contexts = []
+    async with AsyncExitStack() as stack:
 
-    async def make(**config):
-        server = Mcqa("mcqa", config)
-        client = ServerClient()
-        client.add_local("env", server.app)
-        context = server.app.router.lifespan_context(server.app)
-        await context.__aenter__()
-        contexts.append(context)
-        return client
+        async def make(**config):
+            return await stack.enter_async_context(serve_in_process(Mcqa("mcqa", config)))
 
-    yield make
-    for context in contexts:
-        await context.__aexit__(None, None, None)
+        yield make
 
 
 @pytest.fixture
 async def env(make_env):
     return await make_env()
-
-
-async def verify(client: ServerClient, row: dict, output: list[dict] | str) -> dict:
-    output = [message_item(output)] if isinstance(output, str) else output
-    body = {**row, "response": new_response(output, model="scripted")}
-    return (await client.call("env", "/verify", body)).json()
 
 
 @pytest.mark.parametrize("extraction", ["boxed", "answer_colon", "lenient"])
@@ -293,11 +275,4 @@ def test_datasets_sizes_shapes_and_disjoint_splits():
 
 
 def test_generator_reproduces_every_file_byte_for_byte(tmp_path):
-    subprocess.run(
-        [sys.executable, str(GENERATE), "--output-dir", str(tmp_path)], check=True, capture_output=True
-    )
-    for split in SPLITS:
-        assert (tmp_path / f"{split}.jsonl").read_bytes() == (DATA_DIR / f"{split}.jsonl").read_bytes()
-    single = tmp_path / "single.jsonl"
-    subprocess.run([sys.executable, str(GENERATE), "--output", str(single)], check=True, capture_output=True)
-    assert single.read_bytes() == (DATA_DIR / "example.jsonl").read_bytes()
+    assert_generator_reproduces(DATA_DIR, tmp_path)

@@ -11,8 +11,6 @@ Validation drops any question that also appears in train.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,6 +18,8 @@ if not __package__:  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import reasoning_gym
+
+from polygym.datagen import generator_parser, per_split, write_splits
 
 HERE = Path(__file__).parent
 AGENT = "reasoning_gym_simple_agent"
@@ -84,30 +84,26 @@ def build_split(split: str, tasks: list[str], size: int, seed: int | None = None
     return rows
 
 
-def write(rows: list[dict], path: Path) -> None:
-    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    print(f"wrote {len(rows)} rows to {path}")
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--split", choices=sorted(SEEDS), help="write only this split")
-    parser.add_argument("--output", type=Path, help="where to write --split (default: next to this file)")
+    parser = generator_parser(__doc__, SEEDS, HERE)
     parser.add_argument("--tasks", help=f"comma-separated task names (default: {','.join(DEFAULT_TASKS)})")
     parser.add_argument(
         "--size", type=int, default=DEFAULT_SIZE, help="train rows per task (validation: 1/5)"
     )
     parser.add_argument("--seed", type=int, help="base seed of --split (task i uses seed + i)")
     args = parser.parse_args(argv)
-    if (args.output or args.seed is not None) and not args.split:
-        parser.error("--output and --seed need --split")
+    if args.seed is not None and not args.split:
+        parser.error("--seed needs --split")
     tasks = args.tasks.split(",") if args.tasks else DEFAULT_TASKS
     unknown = sorted(set(tasks) - set(reasoning_gym.factory.DATASETS))
     if unknown:
         parser.error(f"unknown tasks: {', '.join(unknown)}")
-    for split in [args.split] if args.split else ["example", "train", "validation"]:
+
+    def build(split: str) -> list[dict]:
         size = args.size if split == "train" else max(1, args.size // 5)
-        write(build_split(split, tasks, size, args.seed), args.output or HERE / f"{split}.jsonl")
+        return build_split(split, tasks, size, args.seed)
+
+    write_splits(args, SEEDS, per_split(build))
 
 
 if __name__ == "__main__":

@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import importlib.metadata
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from polygym.client import ServerCallError, ServerClient
-from polygym.protocol import function_call_item, message_item, new_response
+from polygym.protocol import function_call_item, new_response
+from polygym.testing import (
+    assert_generator_reproduces,
+    in_process_client,
+    read_splits,
+    synthetic_response,
+    verify,
+)
 from resources_servers.reasoning_gym.app import ReasoningGym, extract_answer
 from resources_servers.reasoning_gym.data.generate import DEFAULT_TASKS
 
-ENV_DIR = Path(__file__).resolve().parents[1]
-DATA = ENV_DIR / "data"
-GENERATE = DATA / "generate.py"
-SPLIT_FILES = {name: DATA / f"{name}.jsonl" for name in ("example", "train", "validation")}
-ROWS = {
-    name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in SPLIT_FILES.items()
-}
+DATA = Path(__file__).resolve().parents[1] / "data"
+ROWS = read_splits(DATA)
 GENERATED_WITH = "0.1.25"  # the reasoning-gym version the shipped files were generated with
 
 
@@ -36,17 +35,7 @@ def server() -> Iterator[ReasoningGym]:
 
 @pytest.fixture
 def env(server: ReasoningGym) -> ServerClient:
-    client = ServerClient()
-    client.add_local("env", server.app)
-    return client
-
-
-def answer(text: str) -> dict:
-    return new_response([message_item(text)], model="scripted")
-
-
-async def verify(client: ServerClient, row: dict, response: dict) -> dict:
-    return (await client.call("env", "/verify", {**row, "response": response})).json()
+    return in_process_client(server)
 
 
 def one_row_per_task() -> list[dict]:
@@ -63,14 +52,14 @@ async def test_reference_answer_scores_one_and_a_wrong_one_less(env, row):
     assert good["score_status"] == "ok"
     assert good["extracted_answer"] == row["entry"]["answer"]
     assert good["task"] == row["task"]  # the row is echoed back
-    bad = await verify(env, row, answer("<answer>definitely not it 0000</answer>"))
+    bad = await verify(env, row, "<answer>definitely not it 0000</answer>")
     assert bad["reward"] < 1.0 and bad["score_status"] == "ok"
 
 
 async def test_the_package_scorer_decides_including_partial_credit(env):
     row = next(r for r in ROWS["train"] if r["task"] == "basic_arithmetic")
     expected = row["entry"]["answer"]
-    result = await verify(env, row, answer(f"<answer>The answer is {expected}</answer>"))
+    result = await verify(env, row, f"<answer>The answer is {expected}</answer>")
     # reasoning-gym's default scorer: partial credit len(oracle)/len(answer) when it contains it.
     assert result["reward"] == pytest.approx(len(expected) / len(f"The answer is {expected}"))
 
@@ -82,7 +71,7 @@ async def test_scorer_exceptions_are_reward_zero(env):
         "task_config": {"size": 1, "seed": 1},
         "entry": {"question": "Factor 12", "answer": "2 \u00d7 2 \u00d7 3", "metadata": {}},
     }
-    result = await verify(env, row, answer("<answer>not numbers</answer>"))
+    result = await verify(env, row, "<answer>not numbers</answer>")
     assert result["reward"] == 0.0
     assert result["score_status"] == "score_error" and "ValueError" in result["score_error"]
 
@@ -91,9 +80,9 @@ async def test_scorer_exceptions_are_reward_zero(env):
     ("response", "status"),
     [
         (new_response([], model="x"), "no_answer"),
-        (answer("42"), "no_answer"),
-        (answer("<answer>" + "7" * 1_000_000 + "</answer>"), "answer_too_long"),
-        (answer("x" * 1_000_000), "no_answer"),
+        (synthetic_response("42"), "no_answer"),
+        (synthetic_response("<answer>" + "7" * 1_000_000 + "</answer>"), "answer_too_long"),
+        (synthetic_response("x" * 1_000_000), "no_answer"),
         (new_response([function_call_item("f", "{")], model="x"), "no_answer"),
     ],
     ids=["empty", "untagged", "huge-answer", "1MB-text", "only-a-call"],
@@ -119,7 +108,7 @@ async def test_garbage_scores_zero(env, response, status):
 async def test_malformed_rows_are_422(env, change, field):
     row = {**ROWS["example"][0], **change}
     with pytest.raises(ServerCallError) as err:
-        await env.call("env", "/verify", {**row, "response": answer("<answer>1</answer>")})
+        await env.call("env", "/verify", {**row, "response": synthetic_response("<answer>1</answer>")})
     assert err.value.status == 422
     assert field in err.value.detail
 
@@ -135,16 +124,14 @@ async def test_answer_formats(server):
     ]:
         server.config.answer_format = answer_format
         try:
-            client = ServerClient()
-            client.add_local("env", server.app)
-            assert (await verify(client, row, answer(text)))["reward"] == reward, answer_format
+            assert (await verify(in_process_client(server), row, text))["reward"] == reward, answer_format
         finally:
             server.config.answer_format = "tag"
 
 
 async def test_verify_is_deterministic(env):
     row = ROWS["example"][1]
-    body = {**row, "response": answer("<answer>3</answer>")}
+    body = {**row, "response": synthetic_response("<answer>3</answer>")}
     first, second = [(await env.call("env", "/verify", body)).json() for _ in range(2)]
     assert first == second
 
@@ -195,11 +182,4 @@ def test_datasets():
 
 def test_generator_reproduces_the_files_byte_for_byte(tmp_path):
     assert importlib.metadata.version("reasoning-gym") == GENERATED_WITH  # pinned in pyproject.toml
-    for split in ("example", "validation"):
-        out = tmp_path / f"{split}.jsonl"
-        subprocess.run(
-            [sys.executable, str(GENERATE), "--split", split, "--output", str(out)],
-            check=True,
-            capture_output=True,
-        )
-        assert out.read_bytes() == SPLIT_FILES[split].read_bytes(), split
+    assert_generator_reproduces(DATA, tmp_path)
