@@ -20,6 +20,7 @@ import time
 import aiohttp
 
 from benchmarks.harness import cpu_seconds, percentile, print_table, write_json
+from polygym.cli.base import run_async  # uvloop, as the gym command uses
 
 SERVER = """
 import sys
@@ -107,7 +108,7 @@ def main() -> None:
     parser.add_argument("--body-bytes", type=int, default=2000, help="request size, about a rollout's prompt")
     args = parser.parse_args()
     rows = [
-        asyncio.run(run(args.rollouts, args.round_trips, int(c), args.body_bytes))
+        run_async(run(args.rollouts, args.round_trips, int(c), args.body_bytes))
         for c in args.concurrency.split(",")
     ]
     print_table(f"floor: bare aiohttp, {args.round_trips} round trips per rollout", rows)

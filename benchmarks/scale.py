@@ -11,7 +11,6 @@ the first quarter of rollouts had finished with the RSS at the end: a leak shows
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from benchmarks.harness import MemorySampler, print_table, write_json
 from benchmarks.throughput import AGENTS, ENVS, mixed_input
 from polygym.catalog import selector_paths
+from polygym.cli.base import run_async  # uvloop, as the gym command uses
 from polygym.config import load_config
 from polygym.dataset import Materialization, load_jobs
 from polygym.eval_run import run_eval
@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=500.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        row = asyncio.run(run(args.rollouts, args.concurrency, args.latency_ms, Path(tmp)))
+        row = run_async(run(args.rollouts, args.concurrency, args.latency_ms, Path(tmp)))
     print_table(
         "scale: rollouts in flight, memory over time", [{k: v for k, v in row.items() if k != "series"}]
     )

@@ -17,7 +17,6 @@ concurrency 1 with 200 ms model latency would otherwise take half an hour).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import tempfile
 import time
@@ -27,6 +26,7 @@ from typing import Any
 from benchmarks.harness import GymStack, MemorySampler, cpu_seconds, percentile, print_table, write_json
 from polygym.blend import load_blend, spec_from_flags, write_jsonl
 from polygym.catalog import selector_paths
+from polygym.cli.base import run_async  # uvloop, as the gym command uses
 from polygym.client import ServerClient
 from polygym.config import load_config
 from polygym.dataset import Materialization, load_jobs
@@ -174,7 +174,7 @@ def main() -> None:
     for latency in parse_list(args.latency_ms):
         for concurrency in parse_list(args.concurrency):
             with tempfile.TemporaryDirectory() as tmp:
-                row = asyncio.run(measure(args, int(concurrency), latency, Path(tmp)))
+                row = run_async(measure(args, int(concurrency), latency, Path(tmp)))
             rows.append(row)
             print_table(
                 f"{args.name}: via={args.via} collector={args.collector} backend={args.backend}", [row]
