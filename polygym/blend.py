@@ -63,7 +63,8 @@ class EnvironmentSpec(BaseModel):
 
     name: str = Field(min_length=1)
     agent: str | None = None
-    """Agent that runs this environment's rows; default ``<name>_simple_agent``."""
+    """Agent that runs this environment's rows; default ``<name>_simple_agent``, or the only
+    agent of the environment's config when it has one of another name (e.g. a gymnasium_agent)."""
     train: list[str] = Field(default_factory=list)
     """JSONL files (relative to the spec file, else the working directory); default: the
     ``datasets`` of the agent's config (type ``train``, else every type but ``validation``)."""
@@ -363,9 +364,10 @@ def resolve(spec: BlendSpec) -> list[ResolvedEnvironment]:
             if not env.train:
                 problems.append(f"{where}: no train files given and {'; '.join(exc.problems)}")
                 continue
-        if config is not None and env.agent_name not in config.agents:
+        agent = env.agent or (config.default_agent() if config is not None else None) or env.agent_name
+        if config is not None and agent not in config.agents:
             known = list(config.agents)
-            problems.append(f"{where}.agent: {unknown_name_message('agent', env.agent_name, known)}")
+            problems.append(f"{where}.agent: {unknown_name_message('agent', agent, known)}")
             continue
         files: dict[str, list[Path]] = {"train": [], "validation": []}
         for split in ("train", "validation"):
@@ -381,11 +383,9 @@ def resolve(spec: BlendSpec) -> list[ResolvedEnvironment]:
                 continue
             if config is None:
                 continue
-            entries = _configured(config, env.agent_name, split)  # type: ignore[arg-type]
+            entries = _configured(config, agent, split)
             if split == "train" and not entries:
-                problems.append(
-                    f"{where}.train: none given and {config.path} lists no datasets for {env.agent_name}"
-                )
+                problems.append(f"{where}.train: none given and {config.path} lists no datasets for {agent}")
             for entry in entries:
                 found = _find_file(str(entry["jsonl_fpath"]), [Path.cwd(), config.root])
                 if found is None:
@@ -395,7 +395,7 @@ def resolve(spec: BlendSpec) -> list[ResolvedEnvironment]:
                     )
                 else:
                     files[split].append(found)
-        resolved.append(ResolvedEnvironment(env, env.agent_name, files["train"], files["validation"], config))
+        resolved.append(ResolvedEnvironment(env, agent, files["train"], files["validation"], config))
     if problems:
         raise BlendSpecError(problems)
     return resolved
