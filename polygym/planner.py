@@ -128,6 +128,11 @@ def largest_remainder(weights: Sequence[Fraction], total: int) -> list[int]:
 
 def apportion(demands: Sequence[EnvDemand], total: int) -> list[int]:
     """Exact quotas for one step of ``total`` prompts (see the module docstring for the rule)."""
+    return _apportion(demands, total)[0]
+
+
+def _apportion(demands: Sequence[EnvDemand], total: int) -> tuple[list[int], set[int]]:
+    """Quotas, and which environments were pinned to their minimum on the way."""
     if total < 1:
         raise ValueError(f"prompts_per_step must be at least 1, got {total}")
     weights = _fractions(demands)
@@ -159,16 +164,7 @@ def apportion(demands: Sequence[EnvDemand], total: int) -> list[int]:
     free = [i for i in range(len(demands)) if i not in pinned]
     for i, quota in zip(free, largest_remainder([weights[i] for i in free], remaining), strict=True):
         quotas[i] = quota
-    return quotas
-
-
-def _pinned(demands: Sequence[EnvDemand], quotas: Sequence[int], total: int) -> list[bool]:
-    weights = _fractions(demands)
-    whole = sum(weights, Fraction(0))
-    return [
-        d.min_per_step > 0 and q == d.min_per_step and weights[i] * total / whole < d.min_per_step
-        for i, (d, q) in enumerate(zip(demands, quotas, strict=True))
-    ]
+    return quotas, pinned
 
 
 def _integer_weights(weights: Sequence[Fraction]) -> list[int]:
@@ -239,10 +235,10 @@ def make_plan(
         raise ValueError("a plan needs at least one environment")
     if responses_per_prompt < 1:
         raise ValueError(f"responses_per_prompt must be at least 1, got {responses_per_prompt}")
-    quotas = apportion(demands, prompts_per_step)
+    quotas, pinned_set = _apportion(demands, prompts_per_step)
     weights = _fractions(demands)
     whole = sum(weights, Fraction(0))
-    pinned = _pinned(demands, quotas, prompts_per_step)
+    pinned = [i in pinned_set for i in range(len(demands))]
     suggested = suggest_prompts_per_step(demands, warn_below)
     envs: list[EnvPlan] = []
     warnings: list[str] = []

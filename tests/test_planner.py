@@ -5,7 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from polygym.planner import (
@@ -63,6 +63,17 @@ def test_without_minimums_every_quota_is_within_one_of_its_weight_share(
 
 
 @given(demands(), st.integers(min_value=1, max_value=300))
+@example(  # found by hypothesis: env4 is pinned only after env3's minimum takes its share
+    [
+        EnvDemand("env0", 1.0, 0, 1),
+        EnvDemand("env1", 1.0, 0, 1),
+        EnvDemand("env2", 1.0, 0, 1),
+        EnvDemand("env3", 1.0, 6, 1),
+        EnvDemand("env4", 3.0, 3, 1),
+        EnvDemand("env5", 4.0, 0, 1),
+    ],
+    11,
+)
 @settings(max_examples=200, deadline=None, database=None)
 def test_pinned_environments_get_exactly_their_minimum_and_the_rest_follow_weights(
     envs: list[EnvDemand], total: int
