@@ -13,7 +13,9 @@ expectations. It plays a policy, decided in this order (README.md documents each
 The server is stateless: the progress of an episode is read from the request ``input`` (the model
 turns since the last user message), so any number of rollouts can run at once, a retried request
 gets the same answer, and the same policy serves ``/v1/responses`` and ``/v1/chat/completions``.
-Token usage is estimated as whitespace-separated words, so it is deterministic too.
+Token usage is estimated as whitespace-separated words, so it is deterministic too. With
+``return_token_ids`` it also returns fake training token fields (UTF-8 bytes, log-prob 0), so the
+token-level training path can be tested without a real tokenizer.
 """
 
 from __future__ import annotations
@@ -169,6 +171,9 @@ class Config(ServerConfig):
     latency_ms: float = Field(default=0, ge=0)
     rules: list[Rule] = Field(default_factory=list)
     script: list[ScriptTurn] | None = None
+    return_token_ids: bool = False
+    """Attach fake training token fields (see ``fake_token_ids``); a request's own
+    ``return_token_ids`` overrides this either way."""
 
 
 # ------------------------------------------------------------------------------------ conversation
@@ -409,6 +414,32 @@ def _fallback(conv: Conversation) -> Decision:
     return Decision(answer=f"Scripted model reply to: {said}" if said else "Scripted model reply.")
 
 
+# ------------------------------------------------------------------------------------ fake tokens
+
+
+def _render_item(item: dict[str, Any]) -> str:
+    """One item as text for ``fake_token_ids``: a pure function of the item's content, ids ignored."""
+    kind = item_type(item)
+    if kind == "message":
+        return f"<|{item.get('role', 'assistant')}|>{item_text(item)}\n"
+    if kind == "function_call":
+        return f"<|call|>{item.get('name', '')} {item.get('arguments', '')}\n"
+    if kind == "function_call_output":
+        return f"<|output|>{_output_text(item.get('output', ''))}\n"
+    return f"<|{kind}|>\n"
+
+
+def fake_token_ids(items: list[dict[str, Any]], instructions: Any = None) -> list[int]:
+    """Deterministic stand-in token ids: the UTF-8 bytes of the items rendered one after another.
+
+    Each item renders the same wherever it appears, so the next turn's prompt is always exactly
+    this turn's prompt + generation + the tool outputs added in between: the rollouts of a
+    multi-turn episode are contiguous by construction, as a real server's should be.
+    """
+    text = f"<|system|>{instructions}\n" if instructions else ""
+    return list((text + "".join(_render_item(item) for item in items)).encode())
+
+
 # ------------------------------------------------------------------------------------------ server
 
 _ECHOED_FIELDS = {
@@ -460,6 +491,11 @@ class ScriptedModel(ModelServer):
             "output_tokens": output_words,
             "total_tokens": conv.input_words + output_words,
         }
+        flag = body.get("return_token_ids")
+        if flag if isinstance(flag, bool) else self.config.return_token_ids:
+            generated = fake_token_ids([item])
+            prompt = fake_token_ids(_checked_items(body), body.get("instructions"))
+            chat_convert.attach_token_fields([item], prompt, generated, [0.0] * len(generated))
         echoed = {key: body.get(key, default) for key, default in _ECHOED_FIELDS.items()}
         return new_response(
             [item],

@@ -480,3 +480,44 @@ async def test_shipped_rules_solve_example_multi_step_rows() -> None:
             ("extract_synonym_values", {"synonym_values": [i * 10 for i in range(len(words))]}),
         ]
         assert episode[-1]["type"] == "message"
+
+
+# ------------------------------------------------------------------------- fake training tokens
+
+
+async def test_fake_token_ids_on_request_and_config() -> None:
+    from responses_api_models.scripted_model.app import fake_token_ids
+
+    raw = ServerClient()
+    srv = await serve(ScriptedModel("m", {}))
+    configured = await serve(ScriptedModel("m", {"return_token_ids": True}))
+    try:
+        input_ = [{"role": "user", "content": "hi there"}]
+        body = {"input": input_, "instructions": "be nice", "return_token_ids": True}
+        reply = (await raw.request_url("POST", srv.url + "/v1/responses", body, retry=NO_RETRY)).json()
+        item = reply["output"][-1]
+        prompt = b"<|system|>be nice\n<|user|>hi there\n"
+        assert bytes(item["prompt_token_ids"]) == prompt
+        assert bytes(item["generation_token_ids"]) == b"<|assistant|>Scripted model reply to: hi there\n"
+        assert item["generation_log_probs"] == [0.0] * len(item["generation_token_ids"])
+        # off unless asked; the config turns it on and a request can turn it off again
+        plain = await raw.request_url("POST", srv.url + "/v1/responses", {"input": input_}, retry=NO_RETRY)
+        assert "prompt_token_ids" not in plain.json()["output"][-1]
+        url = configured.url + "/v1/responses"
+        on = await raw.request_url("POST", url, {"input": input_}, retry=NO_RETRY)
+        assert "generation_token_ids" in on.json()["output"][-1]
+        off = {"input": input_, "return_token_ids": False}
+        reply = await raw.request_url("POST", configured.url + "/v1/responses", off, retry=NO_RETRY)
+        assert "generation_token_ids" not in reply.json()["output"][-1]
+        # the next turn's prompt extends this turn's prompt + generation (history fed back as is)
+        again = {"input": [*input_, item, {"role": "user", "content": "more"}], "return_token_ids": True}
+        reply = (await raw.request_url("POST", srv.url + "/v1/responses", again, retry=NO_RETRY)).json()
+        next_prompt = reply["output"][-1]["prompt_token_ids"]
+        assert next_prompt[: len(prompt) - len(b"<|system|>be nice\n")] == list(b"<|user|>hi there\n")
+        history = [*input_, item]
+        assert next_prompt == fake_token_ids([*history, {"role": "user", "content": "more"}])
+        assert fake_token_ids(history) == list(b"<|user|>hi there\n") + item["generation_token_ids"]
+    finally:
+        await raw.close()
+        await srv.stop()
+        await configured.stop()

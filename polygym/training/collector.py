@@ -1,0 +1,351 @@
+"""On-policy collection for trainers: the blend's step N as token rollouts plus per-environment stats.
+
+A trainer's loop is "collect step N with the current policy, compute advantages, update, repeat".
+This module is the first third of it:
+
+- ``stream_token_steps`` (async): step-wise collection (``polygym.stepwise``: exact per-step
+  quotas from the blend spec, per-environment concurrency, a step deadline) with token capture
+  switched on (``return_token_ids: true`` in every request), each finished step returned as a
+  ``TokenStep``: the step's ``TokenRollout`` s (``polygym.training.tokens``) ordered by prompt group
+  then response, and an ``EnvTokenStats`` per environment plus an ``_all`` roll-up.
+- ``TokenCollector`` (sync): the same for trainers written as plain synchronous Python (TRL,
+  verl and NeMo RL drivers): ``collector.step(n)`` runs the collection on a private event loop in
+  a background thread and returns the ``TokenStep``. It either starts the stack itself (inline, in
+  this process) or talks to a running one through its head server URL — the remote-trainer path,
+  where the trainer's generation server is the ``vllm_model`` upstream and the trainer pulls the
+  rollouts through polygym's HTTP API.
+
+Every rollout is also written to disk as by ``gym eval run --blend`` (``X.jsonl``, ``X_steps.jsonl``
+... next to ``output``), so a training step can be inspected or replayed later.
+
+The stats are what a training dashboard needs per environment and step: reward mean/std and pass
+rate, the share of zero-variance prompt groups (no GRPO signal), tokens (all and generated), turns,
+truncated episodes, masked rollouts (non-contiguous or without token ids), failures and stragglers,
+and the realized vs target share of the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import threading
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from polygym.blend import Blend, BlendSpec, load_blend
+from polygym.client import ServerClient
+from polygym.config import StackConfig
+from polygym.launcher import Stack
+from polygym.protocol import AGENT_KIND
+from polygym.rollouts import Limits
+from polygym.stepwise import (
+    ALL_ENVS,
+    PASS_THRESHOLD,
+    EnvStepReport,
+    StepFiles,
+    StepReport,
+    prepare_step_files,
+)
+from polygym.stepwise import stream_steps as _stream_steps
+from polygym.training.advantages import zero_variance_groups
+from polygym.training.tokens import TokenRollout, assemble
+
+T = TypeVar("T")
+TOKEN_SAMPLING = {"return_token_ids": True}
+_FOREVER = 1 << 40
+
+
+@dataclass
+class EnvTokenStats:
+    """One environment in one training step (also the ``_all`` roll-up)."""
+
+    step: int
+    env: str
+    target_share: float
+    planned_share: float
+    realized_share: float
+    prompts: int
+    rollouts: int
+    """Rollouts planned (prompts x responses_per_prompt)."""
+    completed: int
+    failures: int
+    stragglers: int
+    reward_mean: float | None
+    reward_std: float | None
+    pass_rate: float | None
+    groups: int
+    zero_variance_groups: int
+    zero_variance_share: float | None
+    """Share of prompt groups whose responses all got the same reward (no GRPO signal)."""
+    tokens: int
+    """Tokens of the assembled sequences (prompt, environment and generated)."""
+    generated_tokens: int
+    turns_mean: float | None
+    truncated: int
+    masked: int
+    """Rollouts whose loss mask was zeroed (non-contiguous, no token ids, inconsistent ids)."""
+    non_contiguous: int
+    reward_components: dict[str, float] = field(default_factory=dict)
+    """Mean of each extra numeric verifier field over the completed rollouts."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def log_values(self) -> dict[str, float]:
+        """Numeric fields for a trainer's logger (``None`` values left out)."""
+        skip = {"step", "env", "reward_components"}
+        out = {
+            k: float(v)
+            for k, v in asdict(self).items()
+            if k not in skip and isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        out.update({f"reward_components/{k}": v for k, v in self.reward_components.items()})
+        return out
+
+
+def env_token_stats(report: EnvStepReport, rollouts: list[TokenRollout]) -> EnvTokenStats:
+    """Token statistics of one environment's rollouts in a step, on top of its step report."""
+    rewards = [r.reward for r in rollouts]
+    flat, groups = zero_variance_groups(rewards, [r.group_id for r in rollouts]) if rollouts else (0, 0)
+    components: dict[str, list[float]] = {}
+    for rollout in rollouts:
+        for key, value in rollout.reward_components.items():
+            components.setdefault(key, []).append(value)
+    return EnvTokenStats(
+        step=report.step,
+        env=report.env,
+        target_share=report.target_share,
+        planned_share=report.planned_share,
+        realized_share=report.realized_share,
+        prompts=report.prompts,
+        rollouts=report.rollouts,
+        completed=len(rollouts),
+        failures=report.failures,
+        stragglers=report.stragglers,
+        reward_mean=statistics.fmean(rewards) if rewards else None,
+        reward_std=statistics.pstdev(rewards) if rewards else None,
+        pass_rate=sum(r >= PASS_THRESHOLD for r in rewards) / len(rewards) if rewards else None,
+        groups=groups,
+        zero_variance_groups=flat,
+        zero_variance_share=flat / groups if groups else None,
+        tokens=sum(len(r.input_ids) for r in rollouts),
+        generated_tokens=sum(r.generated_tokens for r in rollouts),
+        turns_mean=statistics.fmean(r.num_turns for r in rollouts) if rollouts else None,
+        truncated=sum(r.truncated for r in rollouts),
+        masked=sum(r.masked for r in rollouts),
+        non_contiguous=sum(not r.contiguous for r in rollouts),
+        reward_components={k: statistics.fmean(v) for k, v in components.items()},
+    )
+
+
+@dataclass
+class TokenStep:
+    """One collected training step."""
+
+    step: int
+    rollouts: list[TokenRollout]
+    """Ordered by prompt group (task index), then response (rollout index)."""
+    stats: dict[str, EnvTokenStats]
+    """Per environment, in spec order, then ``_all``."""
+    report: StepReport
+
+    @property
+    def total(self) -> EnvTokenStats:
+        return self.stats[ALL_ENVS]
+
+    def metrics(self, prefix: str = "polygym") -> dict[str, float]:
+        """Flat ``{prefix}/{env}/{stat}`` values for a trainer's logs (``_all`` as ``all``)."""
+        out = {}
+        for env, stats in self.stats.items():
+            name = "all" if env == ALL_ENVS else env
+            out.update({f"{prefix}/{name}/{k}": v for k, v in stats.log_values().items()})
+        return out
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        """One JSON-ready line per environment and the roll-up, with the step's wall time."""
+        extra = {"elapsed_s": round(self.report.elapsed_s, 4), "timed_out": self.report.timed_out}
+        return [{**stats.to_dict(), **extra} for stats in self.stats.values()]
+
+
+def token_step(report: StepReport, input_keys: dict[str, set[str]] | None = None) -> TokenStep:
+    """Assemble a step report's rollouts and compute its per-environment token stats."""
+    input_keys = input_keys or {}
+    rollouts = [
+        assemble(r, env=r.get("_pg_env"), input_keys=input_keys.get(str(r.get("_pg_env")), ()))
+        for r in report.rollouts
+    ]
+    rollouts.sort(key=lambda r: (r.group_id, r.rollout_index))
+    stats = {
+        env: env_token_stats(env_report, [r for r in rollouts if r.env == env])
+        for env, env_report in report.envs.items()
+    }
+    stats[ALL_ENVS] = env_token_stats(report.total, rollouts)
+    return TokenStep(report.step, rollouts, stats, report)
+
+
+def _input_keys(blend: Blend) -> dict[str, set[str]]:
+    return {env: {key for row in rows for key in row.data} for env, rows in blend.rows.items()}
+
+
+async def stream_token_steps(
+    client: ServerClient,
+    blend: Blend,
+    output: Path,
+    steps: int | None = None,
+    start_step: int = 0,
+    limits: Limits | None = None,
+    step_timeout_s: float | None = None,
+    sampling: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> AsyncIterator[TokenStep]:
+    """Collect steps ``start_step, start_step + 1, ...`` (``steps`` of them, or until the caller
+    stops iterating) with token capture on; yields each finished step as a ``TokenStep``.
+
+    ``start_step > 0`` continues a run in ``output`` (earlier steps kept, later ones dropped);
+    ``start_step == 0`` needs ``overwrite`` when ``output`` already holds a run.
+    """
+    sampling = {**(sampling or {}), **TOKEN_SAMPLING}
+    files = StepFiles(output)
+    prepare_step_files(files, blend.sampler(), start_step, overwrite, sampling)
+    keys = _input_keys(blend)
+    count = _FOREVER if steps is None else steps
+    reports = _stream_steps(client, blend, count, files, limits, start_step, step_timeout_s, sampling)
+    async with contextlib.aclosing(reports) as stream:
+        async for report in stream:
+            yield token_step(report, keys)
+
+
+class TokenCollector:
+    """Step-at-a-time token collection for synchronous trainers (see the module docstring).
+
+    Give it a running stack (``head_url``) or a ``stack_config`` to start in this process; use it
+    as a context manager, or call ``start``/``close``. ``step()`` collects the next step;
+    ``step(n)`` jumps to step ``n`` (later steps in ``output`` are dropped first, as on resume).
+    """
+
+    def __init__(
+        self,
+        spec: BlendSpec | Blend,
+        output: Path,
+        head_url: str | None = None,
+        stack_config: StackConfig | None = None,
+        limits: Limits | None = None,
+        sampling: dict[str, Any] | None = None,
+        step_timeout_s: float | None = None,
+        overwrite: bool = False,
+        backend: str = "inline",
+    ) -> None:
+        if (head_url is None) == (stack_config is None):
+            raise ValueError("give exactly one of head_url (a running stack) or stack_config (start one)")
+        self.blend = spec if isinstance(spec, Blend) else load_blend(spec)
+        self.output = Path(output)
+        self.head_url = head_url
+        self.stack_config = stack_config
+        self.limits = limits or Limits()
+        self.sampling = sampling
+        self.step_timeout_s = step_timeout_s
+        self.overwrite = overwrite
+        self.backend = backend
+        self.stack: Stack | None = None
+        self.client: ServerClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stream: AsyncIterator[TokenStep] | None = None
+        self._next = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> TokenCollector:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        if self._loop is not None:
+            return
+        loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=loop.run_forever, name="polygym-collector", daemon=True)
+        self._thread.start()
+        self._loop = loop
+        try:
+            self.run(self._open())
+        except BaseException:
+            self.close()
+            raise
+
+    async def _open(self) -> None:
+        if self.stack_config is not None:
+            self.stack = Stack(self.stack_config, self.backend, head_port=0, record=False)
+            await self.stack.start()
+            self.client = self.stack.client or ServerClient(self.stack.head_url)
+        else:
+            assert self.head_url is not None
+            self.client = ServerClient(self.head_url, pool_size=max(64, self.limits.concurrency))
+        servers = await self.client.servers()
+        agents = [s["name"] for s in servers if s.get("kind") == AGENT_KIND]
+        missing = [f"{e.name} ({e.agent})" for e in self.blend.environments if e.agent not in agents]
+        if missing:
+            raise ValueError(
+                f"the stack has no agent for: {', '.join(missing)}; its agents: {', '.join(agents) or 'none'}"
+            )
+
+    def close(self) -> None:
+        if self._loop is None:
+            return
+        with contextlib.suppress(Exception):
+            self.run(self._shutdown())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._loop.close()
+        self._loop = None
+
+    async def _shutdown(self) -> None:
+        await self._close_stream()
+        if self.stack is not None:
+            await self.stack.stop()
+        elif self.client is not None:
+            await self.client.close()
+        self.stack = None
+        self.client = None
+
+    async def _close_stream(self) -> None:
+        if self._stream is not None:
+            await self._stream.aclose()  # type: ignore[attr-defined]
+            self._stream = None
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine on the collector's loop (where its client lives) and wait for it."""
+        if self._loop is None:
+            raise RuntimeError("the collector is not started")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # -- steps ---------------------------------------------------------------------------------
+    def step(self, number: int | None = None) -> TokenStep:
+        """Collect step ``number`` (default: the one after the last collected) and return it."""
+        return self.run(self._step(self._next if number is None else number))
+
+    async def _step(self, number: int) -> TokenStep:
+        if number < 0:
+            raise ValueError("step numbers start at 0")
+        if self._stream is None or number != self._next:
+            await self._close_stream()
+            assert self.client is not None
+            self._stream = stream_token_steps(
+                self.client,
+                self.blend,
+                self.output,
+                start_step=number,
+                limits=self.limits,
+                step_timeout_s=self.step_timeout_s,
+                sampling=self.sampling,
+                overwrite=self.overwrite,
+            )
+            self.overwrite = True  # this collector's own files from here on
+        result = await anext(self._stream)
+        self._next = number + 1
+        return result

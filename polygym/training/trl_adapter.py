@@ -1,0 +1,257 @@
+"""TRL's ``GRPOTrainer`` trained on a polygym blend (``pip install -e '.[train]'``, TRL 1.16).
+
+TRL 1.16 offers two hooks for environments: ``environment_factory`` (TRL runs the conversation
+itself and calls the environment's Python methods as tools) and ``rollout_func`` (the caller
+produces the completions and their token ids). polygym environments are servers driven by their
+own agents — their tool loops, game turns, session state and verifiers — so the fitting hook is
+``rollout_func``: for every generation batch, ``PolygymGRPO.rollout_func`` collects the blend's next
+step through polygym (``TokenCollector``) and hands TRL the token-level rollouts.
+
+How a step maps onto TRL:
+
+- **The blend spec decides each step's mix.** ``train_dataset()`` lists the prompts of steps
+  ``0 .. steps-1`` in the step sampler's order, and ``grpo_config()`` makes TRL read them in that
+  order (``shuffle_dataset=False``), one step per generation batch (``generation_batch_size =
+  prompts_per_step x responses_per_prompt``, ``num_generations = responses_per_prompt``). The
+  rollout function checks that the prompts TRL passes are the step's prompts, so a config that
+  breaks the alignment fails loudly instead of training on mismatched data.
+- **Completions**: ``prompt_ids`` is the first model call's prompt; ``completion_ids`` the rest of
+  the episode (every model turn and every tool/environment turn); ``env_mask`` is the loss mask
+  over it (TRL trains only on mask-1 tokens), ``logprobs`` the sampling log-probs (0 elsewhere).
+  A non-contiguous or untrainable rollout arrives with an all-zero mask. A rollout that failed or
+  missed the step deadline gets a one-token placeholder and a ``None`` reward, which TRL treats as
+  unscorable (left out of its group's baseline, advantage 0).
+- **Rewards** come from the environments' verifiers: ``polygym_reward`` (the reward function to
+  give TRL) returns them; TRL computes the group-relative advantages itself.
+- **Metrics**: every step's per-environment stats (``polygym/<env>/reward_mean``, ``.../realized_share``,
+  ``.../zero_variance_share``, ``.../masked`` ...) go into the trainer's logs next to TRL's own, and
+  ``on_step`` receives the full ``TokenStep`` (``gym train run`` writes it to JSONL).
+
+The policy the environments see must be the model being trained: serve it with
+``generation_server.GenerationServerThread`` and point the stack's ``vllm_model`` at it (what
+``gym train run`` does), or use a remote generation server that receives the trainer's weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from polygym.protocol import input_items, item_text
+from polygym.training.collector import TokenCollector, TokenStep
+from polygym.training.tokens import TokenRollout
+
+REWARD_FIELD = "polygym_reward"
+ENV_COLUMN = "polygym_env"
+TASK_COLUMN = "polygym_task"
+
+
+def prompt_messages(row: dict[str, Any]) -> list[dict[str, str]]:
+    """A row's input as plain ``{role, content}`` messages (TRL's conversational prompt column)."""
+    params = row.get("responses_create_params") or {}
+    messages = []
+    if params.get("instructions"):
+        messages.append({"role": "system", "content": str(params["instructions"])})
+    for item in input_items(params):
+        role = item.get("role")
+        if item.get("type", "message") == "message" and isinstance(role, str):
+            messages.append({"role": "system" if role == "developer" else role, "content": item_text(item)})
+    return messages
+
+
+def polygym_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """TRL reward function: the verifier's reward of each rollout (None for a missing rollout)."""
+    rewards = kwargs.get(REWARD_FIELD)
+    if rewards is None:
+        raise ValueError(f"no {REWARD_FIELD} in the batch: use PolygymGRPO.rollout_func as rollout_func")
+    return [None if r is None or (isinstance(r, float) and math.isnan(r)) else float(r) for r in rewards]
+
+
+class PolygymGRPO:
+    """Wires a ``TokenCollector`` (a blend + a stack serving the policy) to ``GRPOTrainer``."""
+
+    def __init__(
+        self,
+        collector: TokenCollector,
+        steps: int,
+        start_step: int = 0,
+        on_step: Callable[[TokenStep], None] | None = None,
+        metrics_prefix: str = "polygym",
+    ) -> None:
+        self.collector = collector
+        self.steps = steps
+        self.start_step = start_step
+        self.on_step = on_step
+        self.metrics_prefix = metrics_prefix
+        self.plan = collector.blend.plan()
+        self.sampler = collector.blend.sampler(self.plan)
+        self.next_step = start_step
+        self.history: list[TokenStep] = []
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.plan.prompts_per_step
+
+    @property
+    def responses_per_prompt(self) -> int:
+        return self.plan.responses_per_prompt
+
+    # -- what TRL reads ------------------------------------------------------------------------------
+    def train_dataset(self) -> Any:
+        """The prompts of the steps to train, in step order (a ``datasets.Dataset``)."""
+        from datasets import Dataset
+
+        rows: dict[str, list[Any]] = {"prompt": [], ENV_COLUMN: [], TASK_COLUMN: []}
+        for step in self.sampler.steps(self.start_step, self.steps):
+            for i, item in enumerate(step.items):
+                rows["prompt"].append(prompt_messages(item.row))
+                rows[ENV_COLUMN].append(item.env)
+                rows[TASK_COLUMN].append(step.number * self.prompts_per_step + i)
+        return Dataset.from_dict(rows)
+
+    def grpo_config(self, output_dir: str | Path, **overrides: Any) -> Any:
+        """A ``GRPOConfig`` that makes one generation batch = one polygym step (overrides win)."""
+        import torch
+        from trl import GRPOConfig
+
+        batch = self.prompts_per_step * self.responses_per_prompt
+        settings: dict[str, Any] = {
+            "output_dir": str(output_dir),
+            "per_device_train_batch_size": batch,
+            "gradient_accumulation_steps": 1,
+            "generation_batch_size": batch,
+            "num_generations": self.responses_per_prompt,
+            "num_iterations": 1,
+            "shuffle_dataset": False,
+            "max_steps": self.steps,
+            "beta": 0.0,
+            "logging_steps": 1,
+            "save_strategy": "no",
+            "report_to": "none",
+            "use_cpu": not torch.cuda.is_available(),
+            "bf16": False,
+            "dataloader_num_workers": 0,
+            "seed": self.collector.blend.spec.seed,
+            "disable_tqdm": True,
+            # TRL turns it on by default; a small model has the memory, and recomputing the
+            # forward pass costs a third more time per step
+            "gradient_checkpointing": False,
+        }
+        settings.update(overrides)
+        return GRPOConfig(**settings)
+
+    def trainer(
+        self,
+        model: Any,
+        tokenizer: Any,
+        args: Any,
+        extra_reward_funcs: list[Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """A ``GRPOTrainer`` on this blend (``kwargs`` go to the trainer: callbacks, optimizers...).
+
+        The environments' rewards always come first; ``extra_reward_funcs`` (TRL reward functions,
+        e.g. a length penalty) are added to them, weighted by ``args.reward_weights`` if set.
+        """
+        import os
+
+        from trl import GRPOTrainer
+
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        self._check_args(args)
+        return GRPOTrainer(
+            model=model,
+            reward_funcs=[polygym_reward, *(extra_reward_funcs or [])],
+            args=args,
+            train_dataset=self.train_dataset(),
+            processing_class=tokenizer,
+            rollout_func=self.rollout_func,
+            **kwargs,
+        )
+
+    def _check_args(self, args: Any) -> None:
+        batch = self.prompts_per_step * self.responses_per_prompt
+        problems = []
+        if args.generation_batch_size != batch:
+            problems.append(
+                f"generation_batch_size must be {batch} (one step), not {args.generation_batch_size}"
+            )
+        if args.num_generations != self.responses_per_prompt:
+            problems.append(f"num_generations must be responses_per_prompt ({self.responses_per_prompt})")
+        if args.shuffle_dataset:
+            problems.append("shuffle_dataset must be False (the blend's sampler orders the prompts)")
+        if getattr(args, "num_iterations", 1) != 1:
+            problems.append("num_iterations must be 1 (each generation batch is a fresh polygym step)")
+        if problems:
+            raise ValueError("GRPOConfig does not match the blend: " + "; ".join(problems))
+
+    # -- the rollout hook ----------------------------------------------------------------------------
+    def rollout_func(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        """TRL's ``rollout_func``: collect the next polygym step and return it token by token."""
+        number = self.next_step
+        expected = self._expected_prompts(number)
+        if len(prompts) != len(expected) or any(p != e for p, e in zip(prompts, expected, strict=False)):
+            raise RuntimeError(
+                f"TRL asked for {len(prompts)} prompts that are not step {number} of the blend "
+                f"({len(expected)} prompts); build the trainer with PolygymGRPO.trainer and grpo_config"
+            )
+        step = self.collector.step(number)
+        self.next_step = number + 1
+        self.history.append(step)
+        pad = trainer.processing_class.pad_token_id if hasattr(trainer, "processing_class") else 0
+        outputs = self.batch(step, pad_id=pad if pad is not None else 0)
+        metrics = getattr(trainer, "_metrics", None)
+        if isinstance(metrics, dict) and "train" in metrics:
+            for key, value in step.metrics(self.metrics_prefix).items():
+                metrics["train"][key].append(value)
+        if self.on_step is not None:
+            self.on_step(step)
+        return outputs
+
+    def _expected_prompts(self, number: int) -> list[list[dict[str, str]]]:
+        step = self.sampler.step(number)
+        return [prompt_messages(item.row) for item in step.items for _ in range(self.responses_per_prompt)]
+
+    def batch(self, step: TokenStep, pad_id: int = 0) -> dict[str, list[Any]]:
+        """``rollout_func`` output for a collected step, in TRL's order (prompt-major, R each)."""
+        by_key = {(r.group_id, r.rollout_index): r for r in step.rollouts}
+        out: dict[str, list[Any]] = {
+            "prompt_ids": [],
+            "completion_ids": [],
+            "logprobs": [],
+            "env_mask": [],
+            REWARD_FIELD: [],
+            ENV_COLUMN: [],
+        }
+        first_task = step.step * self.prompts_per_step
+        envs = [item.env for item in self.sampler.step(step.step).items]
+        for i in range(self.prompts_per_step):
+            for j in range(self.responses_per_prompt):
+                rollout = by_key.get((first_task + i, j))
+                if rollout is None or not rollout.completion_ids:
+                    self._placeholder(out, pad_id, envs[i], rollout)
+                    continue
+                self._append(out, rollout)
+        return out
+
+    @staticmethod
+    def _append(out: dict[str, list[Any]], rollout: TokenRollout) -> None:
+        out["prompt_ids"].append(rollout.input_ids[: rollout.prompt_length])
+        out["completion_ids"].append(rollout.completion_ids)
+        out["logprobs"].append(rollout.completion_logprobs)
+        out["env_mask"].append(rollout.completion_mask)
+        out[REWARD_FIELD].append(rollout.reward)
+        out[ENV_COLUMN].append(rollout.env)
+
+    @staticmethod
+    def _placeholder(out: dict[str, list[Any]], pad_id: int, env: str, rollout: TokenRollout | None) -> None:
+        """A rollout that failed or has nothing trainable: one masked token, no reward."""
+        prompt = rollout.input_ids[: rollout.prompt_length] if rollout and rollout.prompt_length else [pad_id]
+        out["prompt_ids"].append(prompt)
+        out["completion_ids"].append([pad_id])
+        out["logprobs"].append([0.0])
+        out["env_mask"].append([0])
+        out[REWARD_FIELD].append(None if rollout is None else rollout.reward)
+        out[ENV_COLUMN].append(env)
