@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+.venv/bin/python -m pip install --quiet -e '.[dev,train]'
 mkdir -p results
 # The mixed dataset: every example row of both environments, routed to its agent (what the
 # usual `jq -c '. + {"agent_ref": ...}'` recipe produces).
