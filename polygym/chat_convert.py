@@ -530,7 +530,7 @@ def chat_request_to_responses(body: dict[str, Any]) -> dict[str, Any]:
 
 # Responses object fields echoed from the request, with the API's defaults when the request has none;
 # the official SDK's Response type expects them.
-_ECHOED_FIELDS: dict[str, Any] = {
+ECHOED_RESPONSE_FIELDS: dict[str, Any] = {
     "instructions": None,
     "metadata": None,
     "temperature": None,
@@ -584,7 +584,7 @@ def chat_completion_to_response(
         output.append(message_item(""))
     extra: dict[str, Any] = {"error": None, "incomplete_details": None}
     if request is not None:
-        extra.update({key: request.get(key, default) for key, default in _ECHOED_FIELDS.items()})
+        extra.update({key: request.get(key, default) for key, default in ECHOED_RESPONSE_FIELDS.items()})
         extra["tools"] = request.get("tools") or []
     status = "completed"
     reason = _INCOMPLETE_REASONS.get(str(choice.get("finish_reason")))

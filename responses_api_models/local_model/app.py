@@ -42,7 +42,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from polygym import chat_convert
-from polygym.chat_convert import item_type
+from polygym.chat_convert import ECHOED_RESPONSE_FIELDS, item_type
 from polygym.model_server import ModelServer
 from polygym.protocol import (
     TRAINING_TOKEN_FIELDS,
@@ -251,16 +251,6 @@ class Turn:
 
 
 # ------------------------------------------------------------------------------------- server
-
-_ECHOED_FIELDS = {
-    "instructions": None,
-    "metadata": None,
-    "temperature": None,
-    "top_p": None,
-    "max_output_tokens": None,
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
-}
 
 
 class LocalModel(ModelServer):
@@ -533,7 +523,7 @@ class LocalModel(ModelServer):
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": len(turn.prompt_ids) + generation.completion_tokens,
         }
-        echoed = {key: body.get(key, default) for key, default in _ECHOED_FIELDS.items()}
+        echoed = {key: body.get(key, default) for key, default in ECHOED_RESPONSE_FIELDS.items()}
         return new_response(
             output, self.model_name, usage, status=status, tools=body.get("tools") or [], **extra, **echoed
         )

@@ -29,7 +29,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
 from polygym import chat_convert
-from polygym.chat_convert import item_type
+from polygym.chat_convert import ECHOED_RESPONSE_FIELDS, item_type
 from polygym.json_schema import example_arguments
 from polygym.model_server import ModelServer
 from polygym.protocol import function_call_item, input_items, item_text, message_item, new_response
@@ -442,16 +442,6 @@ def fake_token_ids(items: list[dict[str, Any]], instructions: Any = None) -> lis
 
 # ------------------------------------------------------------------------------------------ server
 
-_ECHOED_FIELDS = {
-    "instructions": None,
-    "metadata": None,
-    "temperature": None,
-    "top_p": None,
-    "max_output_tokens": None,
-    "tool_choice": "auto",
-    "parallel_tool_calls": True,
-}
-
 
 class ScriptedModel(ModelServer):
     """Serves the scripted policy on ``/v1/responses`` and ``/v1/chat/completions``."""
@@ -496,7 +486,7 @@ class ScriptedModel(ModelServer):
             generated = fake_token_ids([item])
             prompt = fake_token_ids(_checked_items(body), body.get("instructions"))
             chat_convert.attach_token_fields([item], prompt, generated, [0.0] * len(generated))
-        echoed = {key: body.get(key, default) for key, default in _ECHOED_FIELDS.items()}
+        echoed = {key: body.get(key, default) for key, default in ECHOED_RESPONSE_FIELDS.items()}
         return new_response(
             [item],
             self.config.model,
