@@ -109,7 +109,7 @@ def test_stop_from_another_terminal(start_stack: Any) -> None:
 
 def test_sigterm_stops_inline_stack_cleanly(start_stack: Any) -> None:
     stack = start_stack(*SELECTORS)
-    assert "ready:" in stack.output()
+    assert wait_until(lambda: "ready:" in stack.output(), 10)  # printed just after the record
     stack.proc.send_signal(signal.SIGINT)
     assert stack.wait(10) == 0
     assert stacks.list_stacks() == []
