@@ -9,15 +9,43 @@ from __future__ import annotations
 import contextvars
 from typing import Any, ClassVar
 
+from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from polygym.client import ServerClient
 from polygym.protocol import MODEL_KIND
-from polygym.server import BaseServer, HTTPError, json_endpoint, json_response
+from polygym.retry import RetryPolicy
+from polygym.server import BaseServer, HTTPError, ServerConfig, json_endpoint, json_response
 from polygym.sessions import SESSION_COOKIE
 
 _session_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("polygym_session", default=None)
+
+
+class UpstreamConfig(ServerConfig):
+    """Settings of a model server that forwards to upstream HTTP APIs (openai_model, vllm_model).
+
+    Every upstream call has a timeout and bounded, jittered retries; the pool is sized so no
+    hidden limit sits below the collector's concurrency.
+    """
+
+    timeout_s: float = Field(default=600.0, gt=0)
+    pool_size: int = Field(default=1024, ge=1)
+    max_attempts: int = Field(default=4, ge=1)
+    """Attempts per call, the first included (so 3 retries by default)."""
+    retry_base_delay_s: float = Field(default=0.5, ge=0)
+    retry_max_delay_s: float = Field(default=8.0, ge=0)
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            attempts=self.max_attempts,
+            base_delay_s=self.retry_base_delay_s,
+            max_delay_s=self.retry_max_delay_s,
+        )
+
+    def upstream_client(self) -> ServerClient:
+        return ServerClient(pool_size=self.pool_size, timeout_s=self.timeout_s)
 
 
 class ModelServer(BaseServer):

@@ -22,25 +22,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
 from starlette.responses import Response
 
-from polygym.client import ServerCallError, ServerClient
-from polygym.model_server import ModelServer
-from polygym.retry import RetryPolicy
-from polygym.server import HTTPError, ServerConfig, error_response
+from polygym.client import ServerCallError
+from polygym.model_server import ModelServer, UpstreamConfig
+from polygym.server import HTTPError, error_response
 
 
-class Config(ServerConfig):
+class Config(UpstreamConfig):
     openai_base_url: str
     openai_api_key: str = ""
     openai_model: str
-    timeout_s: float = Field(default=600.0, gt=0)
-    pool_size: int = Field(default=1024, ge=1)
-    max_attempts: int = Field(default=4, ge=1)
-    """Attempts per call, the first included (so 3 retries by default)."""
-    retry_base_delay_s: float = Field(default=0.5, ge=0)
-    retry_max_delay_s: float = Field(default=8.0, ge=0)
 
 
 class OpenAIModel(ModelServer):
@@ -52,12 +44,8 @@ class OpenAIModel(ModelServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.base_url = self.config.openai_base_url.rstrip("/")
-        self.retry = RetryPolicy(
-            attempts=self.config.max_attempts,
-            base_delay_s=self.config.retry_base_delay_s,
-            max_delay_s=self.config.retry_max_delay_s,
-        )
-        self.upstream = ServerClient(pool_size=self.config.pool_size, timeout_s=self.config.timeout_s)
+        self.retry = self.config.retry_policy()
+        self.upstream = self.config.upstream_client()
 
     @property
     def model_name(self) -> str:

@@ -42,11 +42,11 @@ from pydantic import Field, field_validator
 from starlette.responses import Response
 
 from polygym import chat_convert
-from polygym.client import Reply, ServerCallError, ServerClient
-from polygym.model_server import ModelServer
+from polygym.client import Reply, ServerCallError
+from polygym.model_server import ModelServer, UpstreamConfig
 from polygym.protocol import input_items, new_response
-from polygym.retry import NO_RETRY, RetryPolicy
-from polygym.server import HTTPError, ServerConfig
+from polygym.retry import NO_RETRY
+from polygym.server import HTTPError
 from responses_api_models.vllm_model.routing import UpstreamPool, content_key
 
 logger = logging.getLogger("polygym.vllm_model")
@@ -86,19 +86,15 @@ _PROMPT_TOKENS = (
 _CONTEXT_STATUSES = frozenset({400, 413, 422})
 
 
-class Config(ServerConfig):
+class Config(UpstreamConfig):
+    """``max_attempts`` counts rounds per call; a failover to another upstream does not use one."""
+
     base_url: list[str] = Field(min_length=1)
     """One upstream base URL (``http://host:8000/v1``) or several; a comma-separated string works too."""
     api_key: str = ""
     """Sent as a bearer token to every upstream; empty = no Authorization header."""
     model: str
     """The model name the upstreams serve (vLLM's ``--served-model-name``)."""
-    timeout_s: float = Field(default=600.0, gt=0)
-    pool_size: int = Field(default=1024, ge=1)
-    max_attempts: int = Field(default=4, ge=1)
-    """Rounds per call, the first included; a failover to another upstream does not use one."""
-    retry_base_delay_s: float = Field(default=0.5, ge=0)
-    retry_max_delay_s: float = Field(default=8.0, ge=0)
     down_cooldown_s: float = Field(default=10.0, ge=0)
     """How long an upstream that refused a connection is passed over."""
     return_token_ids: bool = False
@@ -239,12 +235,8 @@ class VLLMModel(ModelServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pool = UpstreamPool(self.config.base_url, self.config.down_cooldown_s)
-        self.retry = RetryPolicy(
-            attempts=self.config.max_attempts,
-            base_delay_s=self.config.retry_base_delay_s,
-            max_delay_s=self.config.retry_max_delay_s,
-        )
-        self.upstream = ServerClient(pool_size=self.config.pool_size, timeout_s=self.config.timeout_s)
+        self.retry = self.config.retry_policy()
+        self.upstream = self.config.upstream_client()
         self.headers = {"accept": "application/json"}
         if self.config.api_key:
             self.headers["authorization"] = f"Bearer {self.config.api_key}"
