@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.live import Live
@@ -26,7 +26,6 @@ class AgentTally:
     failed: int = 0
     scored: int = 0
     reward_sum: float = 0.0
-    latencies: list[float] = field(default_factory=list)
 
     @property
     def mean_reward(self) -> float | None:
@@ -60,20 +59,22 @@ class Progress:
 
     def __enter__(self) -> Progress:
         if self._interactive:
-            self._live = Live(self.table(), console=self._console, refresh_per_second=4, transient=False)
+            # The table is built when Live redraws (4 times a second), not once per result.
+            self._live = Live(
+                console=self._console, refresh_per_second=4, transient=False, get_renderable=self.table
+            )
             self._live.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
-            self._live.update(self.table())
+            self._live.refresh()
             self._live.__exit__(None, None, None)
         else:
             self._console.print(self.line())
 
     def update(self, result: Result) -> None:
         tally = self.tallies[result.job.agent]
-        tally.latencies.append(result.latency_s)
         if result.ok:
             assert result.rollout is not None
             tally.done += 1
@@ -82,9 +83,7 @@ class Progress:
             self.new_done += 1
         else:
             tally.failed += 1
-        if self._live is not None:
-            self._live.update(self.table())
-        elif time.monotonic() - self._last_line >= self.interval_s:
+        if self._live is None and time.monotonic() - self._last_line >= self.interval_s:
             self._last_line = time.monotonic()
             self._console.print(self.line())
 
