@@ -18,14 +18,14 @@ from pathlib import Path
 
 from benchmarks.harness import MemorySampler, print_table, write_json
 from benchmarks.throughput import AGENTS, ENVS, mixed_input
-from polygym.catalog import selector_paths
 from polygym.cli.base import run_async  # uvloop, as the gym command uses
-from polygym.config import load_config
-from polygym.dataset import Materialization, load_jobs
-from polygym.eval_run import run_eval
-from polygym.launcher import Stack
-from polygym.rollouts import Limits
-from polygym.run_files import RunFiles
+from polygym.collect.dataset import Materialization, load_jobs
+from polygym.collect.eval_run import run_eval
+from polygym.collect.rollouts import Limits
+from polygym.collect.run_files import RunFiles
+from polygym.stack.catalog import selector_paths
+from polygym.stack.config import load_config
+from polygym.stack.launcher import Stack
 
 
 async def run(rollouts: int, concurrency: int, latency_ms: float, tmp: Path) -> dict[str, object]:

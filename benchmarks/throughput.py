@@ -3,7 +3,7 @@
 The two example environments behind simple_agent, with a model that answers after a fixed delay:
 by default the scripted model served as an *external* endpoint (its own `gym env start` process)
 behind `openai_model`, so the proxy hop is measured too; `--via scripted` puts the scripted model
-inside the stack instead. The collector is `polygym.rollouts.collect`, the engine of
+inside the stack instead. The collector is `polygym.collect.rollouts.collect`, the engine of
 `gym eval run`: `--collector inproc` hosts the stack in this process (what `gym eval run` does by
 default), `--collector http` talks to a separate `gym env start` (what `--no-serve` does).
 
@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import GymStack, MemorySampler, cpu_seconds, percentile, print_table, write_json
-from polygym.blend import load_blend, spec_from_flags, write_jsonl
-from polygym.catalog import selector_paths
+from polygym.blend.mix import load_blend, spec_from_flags, write_jsonl
 from polygym.cli.base import run_async  # uvloop, as the gym command uses
-from polygym.client import ServerClient
-from polygym.config import load_config
-from polygym.dataset import Materialization, load_jobs
-from polygym.launcher import Stack
-from polygym.rollouts import Limits, collect
+from polygym.collect.dataset import Materialization, load_jobs
+from polygym.collect.rollouts import Limits, collect
+from polygym.net.client import ServerClient
+from polygym.stack.catalog import selector_paths
+from polygym.stack.config import load_config
+from polygym.stack.launcher import Stack
 
 ENVS = ("example_single_tool_call", "example_multi_step")
 AGENTS = [f"{e}_simple_agent" for e in ENVS]

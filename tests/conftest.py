@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from polygym import stacks
+from polygym.stack import records as stacks
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 60.0

@@ -16,9 +16,9 @@ import click
 import yaml
 from rich.console import Console
 
-from polygym.catalog import selector_paths
-from polygym.config import ConfigError, StackConfig, load_config
 from polygym.protocol import MODEL_KIND
+from polygym.stack.catalog import selector_paths
+from polygym.stack.config import ConfigError, StackConfig, load_config
 from polygym.suggest import unknown_name_message
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, console, fail
-from polygym.compare import DEFAULT_METRICS, DEFAULT_THRESHOLD, CompareError, Comparison, compare
+from polygym.collect.compare import DEFAULT_METRICS, DEFAULT_THRESHOLD, CompareError, Comparison, compare
 
 STATUS_STYLE = {"ok": "green", "regression": "red", "missing": "red", "added": "cyan"}
 

@@ -17,7 +17,7 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.blend import (
+from polygym.blend.mix import (
     CHARS_PER_TOKEN,
     ORDERS,
     BlendSpec,
@@ -29,7 +29,7 @@ from polygym.blend import (
     write_jsonl,
 )
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail
-from polygym.dataset import DatasetError
+from polygym.collect.dataset import DatasetError
 
 
 @click.group(cls=SuggestingGroup)

@@ -15,7 +15,6 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from polygym import stacks
 from polygym.cli.base import (
     EXIT_FAILURE,
     SuggestingGroup,
@@ -25,10 +24,11 @@ from polygym.cli.base import (
     run_async,
     selector_options,
 )
-from polygym.client import ServerCallError, ServerClient
-from polygym.config import ConfigError
-from polygym.launcher import BACKENDS, LaunchError, Stack
-from polygym.retry import NO_RETRY
+from polygym.net.client import ServerCallError, ServerClient
+from polygym.net.retry import NO_RETRY
+from polygym.stack import records as stacks
+from polygym.stack.config import ConfigError
+from polygym.stack.launcher import BACKENDS, LaunchError, Stack
 from polygym.suggest import unknown_name_message
 
 DEFAULT_BACKEND = "inline"

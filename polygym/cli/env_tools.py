@@ -13,10 +13,12 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym import catalog, envcheck, scaffold
+from polygym.authoring import check as envcheck
+from polygym.authoring import scaffold
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail, run_async
-from polygym.config import ConfigError
 from polygym.protocol import RESOURCES_KIND
+from polygym.stack import catalog
+from polygym.stack.config import ConfigError
 
 STATUS_STYLE = {
     envcheck.PASS: "[green]PASS[/]",

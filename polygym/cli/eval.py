@@ -15,7 +15,6 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym import stacks
 from polygym.cli.base import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -28,14 +27,15 @@ from polygym.cli.base import (
 )
 from polygym.cli.compare import compare_command
 from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
-from polygym.client import ServerCallError, ServerClient
-from polygym.config import ConfigError, StackConfig
-from polygym.dataset import DatasetError, Job, Materialization, load_jobs
-from polygym.eval_run import RunSummary, run_eval
-from polygym.launcher import BACKENDS, LaunchError, Stack
+from polygym.collect.dataset import DatasetError, Job, Materialization, load_jobs
+from polygym.collect.eval_run import RunSummary, run_eval
+from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, Limits
+from polygym.collect.run_files import RunFileError, RunFiles, done_keys
+from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
-from polygym.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, Limits
-from polygym.run_files import RunFileError, RunFiles, done_keys
+from polygym.stack import records as stacks
+from polygym.stack.config import ConfigError, StackConfig
+from polygym.stack.launcher import BACKENDS, LaunchError, Stack
 from polygym.suggest import unknown_name_message
 
 EXIT_INTERRUPTED = 130

@@ -17,17 +17,17 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.blend import BlendSpec, BlendSpecError, count_rows, load_blend, load_spec, resolve
+from polygym.blend.mix import BlendSpec, BlendSpecError, count_rows, load_blend, load_spec, resolve
+from polygym.blend.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
+from polygym.blend.stepwise import StepFiles, StepReport, environments_to_serve, run_steps
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail, load_stack_config
-from polygym.client import ServerCallError, ServerClient
-from polygym.config import ConfigError, StackConfig
-from polygym.dataset import DatasetError
-from polygym.launcher import LaunchError, Stack
-from polygym.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
+from polygym.collect.dataset import DatasetError
+from polygym.collect.rollouts import Limits
+from polygym.collect.run_files import RunFileError, iter_jsonl
+from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
-from polygym.rollouts import Limits
-from polygym.run_files import RunFileError, iter_jsonl
-from polygym.stepwise import StepFiles, StepReport, environments_to_serve, run_steps
+from polygym.stack.config import ConfigError, StackConfig
+from polygym.stack.launcher import LaunchError, Stack
 from polygym.suggest import unknown_name_message
 
 EXIT_INTERRUPTED = 130

@@ -3,7 +3,7 @@
 A trainer's loop is "collect step N with the current policy, compute advantages, update, repeat".
 This module is the first third of it:
 
-- ``stream_token_steps`` (async): step-wise collection (``polygym.stepwise``: exact per-step
+- ``stream_token_steps`` (async): step-wise collection (``polygym.blend.stepwise``: exact per-step
   quotas from the blend spec, per-environment concurrency, a step deadline) with token capture
   switched on (``return_token_ids: true`` in every request), each finished step returned as a
   ``TokenStep``: the step's ``TokenRollout`` s (``polygym.training.tokens``) ordered by prompt group
@@ -35,13 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from polygym.blend import Blend, BlendSpec, load_blend
-from polygym.client import ServerClient
-from polygym.config import StackConfig
-from polygym.launcher import Stack
-from polygym.protocol import AGENT_KIND
-from polygym.rollouts import Limits
-from polygym.stepwise import (
+from polygym.blend.mix import Blend, BlendSpec, load_blend
+from polygym.blend.stepwise import (
     ALL_ENVS,
     PASS_THRESHOLD,
     EnvStepReport,
@@ -49,7 +44,12 @@ from polygym.stepwise import (
     StepReport,
     prepare_step_files,
 )
-from polygym.stepwise import stream_steps as _stream_steps
+from polygym.blend.stepwise import stream_steps as _stream_steps
+from polygym.collect.rollouts import Limits
+from polygym.net.client import ServerClient
+from polygym.protocol import AGENT_KIND
+from polygym.stack.config import StackConfig
+from polygym.stack.launcher import Stack
 from polygym.training.advantages import zero_variance_groups
 from polygym.training.tokens import TokenRollout, assemble
 

@@ -45,9 +45,9 @@ from typing import Any
 import orjson
 import torch
 
-from polygym.listen import AppServer, bind_socket
-from polygym.model_server import ModelServer
-from polygym.server import HTTPError, ServerConfig
+from polygym.net.listen import AppServer, bind_socket
+from polygym.servers.base import HTTPError, ServerConfig
+from polygym.servers.model import ModelServer
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 _ROLES = {"developer": "system"}

@@ -35,15 +35,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polygym.blend import Blend, BlendSpec, load_blend, load_spec
-from polygym.catalog import selector_paths
-from polygym.compare import Comparison, compare
-from polygym.config import StackConfig, load_config
-from polygym.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
-from polygym.eval_run import run_eval
-from polygym.rollouts import Limits
-from polygym.run_files import RunFiles, iter_jsonl
-from polygym.stepwise import ALL_ENVS, environments_to_serve
+from polygym.blend.mix import Blend, BlendSpec, load_blend, load_spec
+from polygym.blend.stepwise import ALL_ENVS, environments_to_serve
+from polygym.collect.compare import Comparison, compare
+from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.collect.eval_run import run_eval
+from polygym.collect.rollouts import Limits
+from polygym.collect.run_files import RunFiles, iter_jsonl
+from polygym.stack.catalog import selector_paths
+from polygym.stack.config import StackConfig, load_config
 from polygym.training.collector import TokenCollector, TokenStep
 
 POLICY_NAME = "policy"

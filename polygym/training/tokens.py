@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from polygym.dataset import ROLLOUT_INDEX, TASK_INDEX
+from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX
 
 STEP_FIELD = "_pg_step"
 ENV_FIELD = "_pg_env"

@@ -12,8 +12,8 @@ import hashlib
 from pydantic import BaseModel, Field, StrictInt
 
 from polygym.protocol import VerifyRequest, VerifyResponse
-from polygym.resources_server import ResourcesServer, tool
-from polygym.sessions import Session
+from polygym.servers.resources import ResourcesServer, tool
+from polygym.servers.sessions import Session
 
 
 def synonym_value(word: str) -> int:

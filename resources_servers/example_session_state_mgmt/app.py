@@ -27,9 +27,9 @@ from polygym.protocol import (
     function_call_output_item,
     message_item,
 )
-from polygym.resources_server import ResourcesServer, tool
-from polygym.server import HTTPError
-from polygym.sessions import Session
+from polygym.servers.base import HTTPError
+from polygym.servers.resources import ResourcesServer, tool
+from polygym.servers.sessions import Session
 
 MAX_AMOUNT = 1_000_000
 MAX_INITIAL = 1_000_000_000

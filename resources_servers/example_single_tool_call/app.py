@@ -12,8 +12,8 @@ import hashlib
 from pydantic import BaseModel, Field
 
 from polygym.protocol import VerifyRequest, VerifyResponse, item_text
-from polygym.resources_server import ResourcesServer, tool
-from polygym.sessions import Session
+from polygym.servers.resources import ResourcesServer, tool
+from polygym.servers.sessions import Session
 
 # (condition, lowest, highest Celsius): the temperature stays plausible for the condition.
 CONDITIONS = (("sunny", 18, 34), ("cloudy", 8, 22), ("light rain", 6, 20), ("snow", -12, 1), ("fog", 2, 14))

@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from polygym.episodic import EpisodicServer, StepResult
 from polygym.protocol import function_call_item, function_call_output_item
-from polygym.sessions import Session
+from polygym.servers.episodic import EpisodicServer, StepResult
+from polygym.servers.sessions import Session
 
 TAG = re.compile(r"<guess>\s*(-?\d+)\s*</guess>", re.IGNORECASE)
 NUMBER = re.compile(r"-?\d+")

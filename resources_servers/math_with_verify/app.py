@@ -6,7 +6,7 @@ then anchored forms such as ``Answer: 3/4`` or ``the final answer is 3/4``, and 
 ``expected_answer`` symbolically, so ``0.75``, ``3/4`` and ``\\frac{6}{8}`` all match ``3/4``.
 
 Parsing and comparing with sympy can take long on adversarial text, so it runs in a worker process
-with a hard time limit (``polygym.offload.CpuPool``) and never on the event loop; an overrun or a
+with a hard time limit (``polygym.servers.cpu_pool.CpuPool``) and never on the event loop; an overrun or a
 crashed worker gives reward 0 with ``grading_error`` set, never a 500 or a hang.
 """
 
@@ -20,10 +20,10 @@ from pebble import ProcessExpired
 from pydantic import BeforeValidator, Field, StringConstraints
 
 from polygym import metrics
-from polygym.offload import CpuPool, CpuTimeout
 from polygym.protocol import VerifyRequest, VerifyResponse, message_item
-from polygym.resources_server import ResourcesServer, ResourcesServerConfig
-from polygym.server import HTTPError
+from polygym.servers.base import HTTPError
+from polygym.servers.cpu_pool import CpuPool, CpuTimeout
+from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
 from resources_servers.math_with_verify.grading import answer_latex, grade
 
 

@@ -24,7 +24,7 @@ from pydantic import Field, StrictStr, field_validator, model_validator
 
 from polygym import metrics
 from polygym.protocol import VerifyRequest, VerifyResponse, message_item
-from polygym.resources_server import ResourcesServer, ResourcesServerConfig
+from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
 
 Extraction = Literal["boxed", "answer_colon", "lenient"]
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -20,10 +20,10 @@ from pebble import ProcessExpired
 from pydantic import BaseModel, Field
 
 from polygym import metrics
-from polygym.offload import CpuPool, CpuTimeout
 from polygym.protocol import VerifyRequest, VerifyResponse, message_item
-from polygym.resources_server import ResourcesServer, ResourcesServerConfig
-from polygym.server import HTTPError
+from polygym.servers.base import HTTPError
+from polygym.servers.cpu_pool import CpuPool, CpuTimeout
+from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
 from resources_servers.reasoning_gym.scoring import score
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)

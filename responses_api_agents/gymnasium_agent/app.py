@@ -1,11 +1,11 @@
-"""gymnasium_agent: plays a reset/step environment (``polygym.episodic``) turn by turn with the model.
+"""gymnasium_agent: plays a reset/step environment (``polygym.servers.episodic``) turn by turn with the model.
 
 One rollout: ``/seed_session`` with the row, ``/reset`` for the first observation, then up to
 ``max_steps`` times: ask the model (the conversation so far), read the turn's action, ``/step`` it,
 and add the observation to the conversation; stop when the episode terminates or is truncated.
 Then ``/verify`` and ``/end_session`` (always, even when something failed).
 
-Reading the action (``polygym.episodic.turn_action``, the rule the environment uses to replay a
+Reading the action (``polygym.servers.episodic.turn_action``, the rule the environment uses to replay a
 saved rollout): the ``action`` argument of the turn's first call to the ``act`` tool, else the
 turn's assistant text. ``action_mode: tool`` offers the model the ``act`` tool (unless the row's
 ``tools`` already has one); ``action_mode: text`` offers no tool and the model just replies. Either
@@ -30,17 +30,17 @@ from typing import Any, Literal
 import orjson
 from pydantic import Field
 
-from polygym.agent import Agent, AgentConfig
-from polygym.client import ServerCallError
-from polygym.episodic import (
+from polygym.net.client import ServerCallError
+from polygym.net.retry import RetryPolicy
+from polygym.protocol import function_call_output_item, input_items, new_response, sum_usage
+from polygym.servers.agent import Agent, AgentConfig
+from polygym.servers.base import HTTPError
+from polygym.servers.episodic import (
     ACTION_TOOL,
     MAX_ACTION_CHARS,
     action_tool_schema,
     turn_action,
 )
-from polygym.protocol import function_call_output_item, input_items, new_response, sum_usage
-from polygym.retry import RetryPolicy
-from polygym.server import HTTPError
 
 # A step changes state: retry only when the request provably never arrived.
 STEP_RETRY = RetryPolicy(attempts=3, retry_statuses=frozenset({429, 503}))

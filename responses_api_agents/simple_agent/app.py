@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from polygym.agent import Agent, AgentConfig
-from polygym.client import ServerCallError
+from polygym.net.client import ServerCallError
+from polygym.net.retry import RetryPolicy
 from polygym.protocol import function_call_output_item, input_items, new_response, sum_usage
-from polygym.retry import RetryPolicy
+from polygym.servers.agent import Agent, AgentConfig
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # A tool call may change state, so only retry when the request provably never arrived.

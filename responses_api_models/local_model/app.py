@@ -3,7 +3,7 @@
 A small GGUF model (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M, by default) runs inside this process on
 llama.cpp (``xllamacpp``). Its weights come from pip data packages and are assembled once into a
 user cache (weights.py). The server speaks ``/v1/responses`` and ``/v1/chat/completions``; chat
-requests are converted to Responses and back with ``polygym.chat_convert``, so both endpoints share
+requests are converted to Responses and back with ``polygym.dialects.chat``, so both endpoints share
 one code path. README.md documents the config and the request extensions.
 
 How a turn is produced, and why:
@@ -41,9 +41,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from polygym import chat_convert
-from polygym.chat_convert import ECHOED_RESPONSE_FIELDS, item_type
-from polygym.model_server import ModelServer
+from polygym.dialects import chat as chat_convert
+from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
 from polygym.protocol import (
     TRAINING_TOKEN_FIELDS,
     function_call_item,
@@ -51,7 +50,8 @@ from polygym.protocol import (
     message_item,
     new_response,
 )
-from polygym.server import HTTPError, ServerConfig
+from polygym.servers.base import HTTPError, ServerConfig
+from polygym.servers.model import ModelServer
 from responses_api_models.local_model.engine import Engine, EngineSettings, Generation, default_threads
 from responses_api_models.local_model.tool_calls import (
     ParsedCall,

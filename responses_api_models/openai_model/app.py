@@ -24,9 +24,9 @@ from typing import Any
 
 from starlette.responses import Response
 
-from polygym.client import ServerCallError
-from polygym.model_server import ModelServer, UpstreamConfig
-from polygym.server import HTTPError, error_response
+from polygym.net.client import ServerCallError
+from polygym.servers.base import HTTPError, error_response
+from polygym.servers.model import ModelServer, UpstreamConfig
 
 
 class Config(UpstreamConfig):

@@ -8,7 +8,7 @@ expectations. It plays a policy, decided in this order (README.md documents each
    saying what to emit on each model call, including HTTP errors and delays;
 2. the first config **rule** whose tools are offered and whose regex matches the first user message;
 3. a **generic fallback** that calls each offered tool once with arguments made from its schema
-   (by ``polygym.json_schema``, the synthesizer ``gym env check`` uses: required properties only).
+   (by ``polygym.authoring.json_schema``, the synthesizer ``gym env check`` uses: required properties only).
 
 The server is stateless: the progress of an episode is read from the request ``input`` (the model
 turns since the last user message), so any number of rollouts can run at once, a retried request
@@ -28,12 +28,12 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
-from polygym import chat_convert
-from polygym.chat_convert import ECHOED_RESPONSE_FIELDS, item_type
-from polygym.json_schema import example_arguments
-from polygym.model_server import ModelServer
+from polygym.authoring.json_schema import example_arguments
+from polygym.dialects import chat as chat_convert
+from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
 from polygym.protocol import function_call_item, input_items, item_text, message_item, new_response
-from polygym.server import HTTPError, ServerConfig, validation_message
+from polygym.servers.base import HTTPError, ServerConfig, validation_message
+from polygym.servers.model import ModelServer
 
 DONE = "done"
 """The answer once a script or the generic fallback has nothing left to call."""

@@ -1,7 +1,7 @@
 """vllm_model: the Responses API in front of any Chat Completions server (vLLM, SGLang, llama.cpp, Ollama).
 
 ``POST /v1/responses`` is converted to ``POST {base_url}/chat/completions`` and the reply converted
-back (``polygym.chat_convert``); ``POST /v1/chat/completions`` is passed through. The configured
+back (``polygym.dialects.chat``); ``POST /v1/chat/completions`` is passed through. The configured
 model is forced into every call: the policy is chosen by config, not by whoever calls us.
 
 Choices, and why:
@@ -41,12 +41,12 @@ import orjson
 from pydantic import Field, field_validator
 from starlette.responses import Response
 
-from polygym import chat_convert
-from polygym.client import Reply, ServerCallError
-from polygym.model_server import ModelServer, UpstreamConfig
+from polygym.dialects import chat as chat_convert
+from polygym.net.client import Reply, ServerCallError
+from polygym.net.retry import NO_RETRY
 from polygym.protocol import input_items, new_response
-from polygym.retry import NO_RETRY
-from polygym.server import HTTPError
+from polygym.servers.base import HTTPError
+from polygym.servers.model import ModelServer, UpstreamConfig
 from responses_api_models.vllm_model.routing import UpstreamPool, content_key
 
 logger = logging.getLogger("polygym.vllm_model")

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from polygym.client import ServerCallError
-from polygym.protocol import new_response
-from polygym.testing import (
+from polygym.authoring.testing import (
     assert_generator_reproduces,
     in_process_client,
     read_splits,
@@ -18,6 +16,8 @@ from polygym.testing import (
     synthetic_response,
     verify,
 )
+from polygym.net.client import ServerCallError
+from polygym.protocol import new_response
 from resources_servers.code_exec.app import CodeExec, extract_code, values_equal
 from resources_servers.code_exec.problems import PROBLEMS, SPLITS, reference_outputs
 from resources_servers.code_exec.sandbox import Sandbox, SandboxConfig

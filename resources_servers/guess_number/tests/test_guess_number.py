@@ -1,4 +1,4 @@
-"""guess_number and the reset/step protocol of polygym.episodic, called in-process through the ASGI app."""
+"""guess_number and the reset/step protocol of polygym.servers.episodic, in-process through ASGI."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
-from polygym.client import ServerCallError, ServerClient
-from polygym.episodic import MAX_ACTION_CHARS, EpisodicServer, split_turns, turn_action
-from polygym.protocol import function_call_item, function_call_output_item, message_item, new_response
-from polygym.sessions import Session
-from polygym.testing import (
+from polygym.authoring.testing import (
     assert_generator_reproduces,
     in_process_client,
     read_splits,
     serve_in_process,
     verify,
 )
+from polygym.net.client import ServerCallError, ServerClient
+from polygym.protocol import function_call_item, function_call_output_item, message_item, new_response
+from polygym.servers.episodic import MAX_ACTION_CHARS, EpisodicServer, split_turns, turn_action
+from polygym.servers.sessions import Session
 from resources_servers.guess_number.app import (
     GameSpec,
     GuessNumber,

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from polygym.catalog import selector_paths
-from polygym.client import ServerCallError, ServerClient
-from polygym.config import load_config
-from polygym.dataset import Materialization, load_jobs
-from polygym.launcher import Stack
-from polygym.rollouts import Limits, collect
+from polygym.collect.dataset import Materialization, load_jobs
+from polygym.collect.rollouts import Limits, collect
+from polygym.net.client import ServerCallError, ServerClient
+from polygym.stack.catalog import selector_paths
+from polygym.stack.config import load_config
+from polygym.stack.launcher import Stack
 from resources_servers.guess_number.app import GameSpec, binary_search_guesses
 
 AGENT = "guess_number_gymnasium_agent"

@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from polygym.client import ServerClient
-from polygym.listen import AppServer, bind_socket
-from polygym.retry import NO_RETRY
+from polygym.net.client import ServerClient
+from polygym.net.listen import AppServer, bind_socket
+from polygym.net.retry import NO_RETRY
 from responses_api_models.openai_model.app import OpenAIModel
 from responses_api_models.scripted_model.app import ScriptedModel
 

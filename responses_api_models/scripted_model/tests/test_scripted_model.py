@@ -16,10 +16,10 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from polygym.client import ServerClient
-from polygym.config import load_config
-from polygym.listen import AppServer, bind_socket
-from polygym.retry import NO_RETRY
+from polygym.net.client import ServerClient
+from polygym.net.listen import AppServer, bind_socket
+from polygym.net.retry import NO_RETRY
+from polygym.stack.config import load_config
 from responses_api_models.scripted_model.app import Config, ScriptedModel
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "configs" / "scripted_model.yaml"
@@ -257,7 +257,7 @@ async def test_generic_fallback_calls_each_tool_with_schema_arguments() -> None:
         input_: list[dict[str, Any]] = [{"role": "user", "content": "anything at all"}]
         first = await sdk.responses.create(model="m", input=input_, tools=tools)
         assert first.output[0].name == "search"
-        # Required properties only, valid for the schema (polygym.json_schema.example_arguments).
+        # Required properties only, valid for the schema (polygym.authoring.json_schema.example_arguments).
         assert json.loads(first.output[0].arguments) == {
             "query": "example",
             "limit": 1,

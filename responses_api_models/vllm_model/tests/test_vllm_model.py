@@ -22,12 +22,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from polygym.client import Reply, ServerClient
-from polygym.config import load_config
-from polygym.listen import AppServer, bind_socket
+from polygym.net.client import Reply, ServerClient
+from polygym.net.listen import AppServer, bind_socket
+from polygym.net.retry import NO_RETRY
 from polygym.protocol import TRAINING_TOKEN_FIELDS
-from polygym.retry import NO_RETRY
-from polygym.sessions import SESSION_COOKIE
+from polygym.servers.sessions import SESSION_COOKIE
+from polygym.stack.config import load_config
 from responses_api_models.scripted_model.app import ScriptedModel
 from responses_api_models.vllm_model.app import VLLMModel, context_overflow, token_fields
 from responses_api_models.vllm_model.routing import UpstreamPool

@@ -1,0 +1,1 @@
+"""Writing an environment: conformance checks, scaffolding, test helpers, data generators, schemas."""

@@ -1,0 +1,109 @@
+"""Helpers for environment tests: serve an environment in-process, build rollouts, check data files.
+
+Environment tests call tools and ``/verify`` directly with synthetic responses (no model, no
+socket), and check that the shipped datasets are what ``data/generate.py`` writes. Every
+environment's tests need the same few pieces, so they live here rather than in each test folder:
+
+- ``serve_in_process(server)``: the server's lifespan entered and a ``ServerClient`` that calls its
+  app in-process under the name ``env``; ``in_process_client(server)`` when the test manages the
+  lifespan itself (a module-scoped server, say);
+- ``synthetic_response(output)`` and ``verify(client, row, output)``: a Responses object built from
+  output items or from the text of a final answer, and the verifier's JSON reply to it;
+- ``read_jsonl``, ``read_splits`` and ``assert_generator_reproduces``: the shipped dataset files,
+  and the check that the generator writes every one of them again, byte for byte.
+
+Nothing here imports pytest: the helpers are plain functions and context managers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from polygym.net.client import ServerClient
+from polygym.protocol import message_item, new_response
+from polygym.servers.base import BaseServer
+
+ENV = "env"
+"""The name tests call the environment under."""
+SPLITS = ("example", "train", "validation")
+
+
+def in_process_client(server: BaseServer, name: str = ENV) -> ServerClient:
+    """A client whose calls to ``name`` go straight into ``server``'s ASGI app (no socket)."""
+    client = ServerClient()
+    client.add_local(name, server.app)
+    return client
+
+
+@asynccontextmanager
+async def serve_in_process(server: BaseServer, name: str = ENV) -> AsyncIterator[ServerClient]:
+    """Run ``server``'s lifespan (startup, then shutdown on exit) around an ``in_process_client``."""
+    client = in_process_client(server, name)
+    async with server.app.router.lifespan_context(server.app):
+        yield client
+
+
+def synthetic_response(output: list[dict[str, Any]] | str, model: str = "scripted") -> dict[str, Any]:
+    """A Responses object with ``output`` items, or with one assistant message when given its text."""
+    return new_response([message_item(output)] if isinstance(output, str) else output, model=model)
+
+
+async def verify(
+    client: ServerClient,
+    row: dict[str, Any],
+    response: dict[str, Any] | list[dict[str, Any]] | str,
+    cookies: dict[str, str] | None = None,
+    *,
+    name: str = ENV,
+) -> dict[str, Any]:
+    """``POST /verify`` for ``row`` and ``response``: the verifier's JSON reply.
+
+    ``response`` is a Responses object, or what ``synthetic_response`` builds one from (output
+    items, or an answer's text). ``cookies`` carry a seeded session; without them the server uses
+    a throwaway one.
+    """
+    if not isinstance(response, dict):
+        response = synthetic_response(response)
+    return (await client.call(name, "/verify", {**row, "response": response}, cookies=cookies)).json()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSONL file; blank lines are skipped (as ``gym`` does), a malformed one raises."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_splits(data_dir: Path, splits: Iterable[str] = SPLITS) -> dict[str, list[dict[str, Any]]]:
+    """``{split: rows}`` from ``data_dir/<split>.jsonl``."""
+    return {split: read_jsonl(data_dir / f"{split}.jsonl") for split in splits}
+
+
+def _generate(script: Path, *args: str) -> None:
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise AssertionError(f"{script} {' '.join(args)} failed (exit {done.returncode}):\n{done.stderr}")
+
+
+def assert_generator_reproduces(data_dir: Path, out_dir: Path, single: str = "example") -> None:
+    """``data_dir/generate.py`` writes every ``*.jsonl`` shipped in ``data_dir`` again, byte for byte.
+
+    One run writes all splits into ``out_dir`` (``--output-dir``); a second writes the ``single``
+    split alone to a file of its own (``--output``), the way a user regenerates one file. Both use
+    the command line of ``polygym.authoring.datagen``.
+    """
+    script = data_dir / "generate.py"
+    shipped = sorted(data_dir.glob("*.jsonl"))
+    assert shipped, f"no *.jsonl files in {data_dir}"
+    _generate(script, "--output-dir", str(out_dir))
+    for path in shipped:
+        written = out_dir / path.name
+        assert written.exists(), f"{script} did not write {path.name}"
+        assert written.read_bytes() == path.read_bytes(), f"{path} is not what {script} writes"
+    alone = out_dir / "alone" / f"{single}.jsonl"
+    _generate(script, "--output", str(alone))
+    assert alone.read_bytes() == (data_dir / f"{single}.jsonl").read_bytes(), f"--output {single} differs"

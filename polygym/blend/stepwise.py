@@ -1,0 +1,431 @@
+"""Step-wise collection: rollouts for training steps in sampler order, with per-step metrics.
+
+Each step holds the planned number of prompts of every environment; each prompt is collected
+``responses_per_prompt`` times (one task, rollouts 0..R-1). Task indices are global and stable:
+prompt ``i`` of step ``s`` is task ``s * prompts_per_step + i``, so a run resumed at step N writes
+the same indices an uninterrupted run would have.
+
+Two rules keep one environment from hurting the others:
+
+- Every environment of a step is collected by its own ``collect`` with its own share of the
+  concurrency (at least one slot), so a slow environment holds only its own slots and cannot
+  starve the others' quota.
+- A step deadline (``step_timeout_s``): rollouts unfinished by then are cancelled, written to the
+  failures file with ``error_class: "Straggler"``, and counted as stragglers of their environment;
+  the step then ends with what finished. Without a deadline a step waits for every rollout (each
+  still bounded by ``Limits.timeout_s``).
+
+Files for ``output = X.jsonl`` (next to each other, like ``gym eval run``): ``X.jsonl`` rollouts
+(each with ``_pg_step`` and ``_pg_env``), ``X_materialized_inputs.jsonl`` the jobs as sent,
+``X_failures.jsonl`` failures and stragglers, ``X_steps.jsonl`` one line per step and environment
+plus an ``_all`` roll-up, ``X_aggregate_metrics.json`` per-agent metrics at the end.
+
+The ``realized_share`` of a step line is the environment's share of the step's *finished*
+rollouts: it equals the planned share when nothing failed or straggled, and shows by how much
+the batch a trainer receives was skewed when something did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import statistics
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from polygym.blend.mix import Blend, BlendSpec, load_blend
+from polygym.blend.planner import Plan
+from polygym.blend.sampler import Step, StepSampler
+from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
+from polygym.collect.rollouts import Limits, Result, collect, failure_record
+from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, iter_jsonl
+from polygym.net.client import ServerClient
+
+STEP_FIELD = "_pg_step"
+ENV_FIELD = "_pg_env"
+ALL_ENVS = "_all"
+STRAGGLER = "Straggler"
+PASS_THRESHOLD = 1.0
+
+
+@dataclass(frozen=True)
+class StepFiles(RunFiles):
+    """``RunFiles`` plus ``X_steps.jsonl``."""
+
+    @property
+    def steps(self) -> Path:
+        return self._sibling("_steps.jsonl")
+
+    def all(self) -> list[Path]:
+        return [*super().all(), self.steps]
+
+
+@dataclass
+class EnvStepReport:
+    """One environment in one step (also the ``_all`` roll-up)."""
+
+    step: int
+    env: str
+    agent: str | None
+    target_share: float
+    planned_share: float
+    realized_share: float
+    prompts: int
+    rollouts: int
+    """Rollouts planned (prompts x responses_per_prompt)."""
+    completed: int
+    failures: int
+    stragglers: int
+    reward_mean: float | None
+    reward_std: float | None
+    pass_rate: float | None
+    tokens: int
+    latency_mean_s: float | None
+
+
+@dataclass
+class StepReport:
+    step: int
+    elapsed_s: float
+    timed_out: bool
+    envs: dict[str, EnvStepReport]
+    total: EnvStepReport
+    rollouts: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    """This step's successful rollouts, for a trainer that consumes them directly."""
+
+    def lines(self) -> list[dict[str, Any]]:
+        extra = {"elapsed_s": round(self.elapsed_s, 4), "timed_out": self.timed_out}
+        return [{**asdict(r), **extra} for r in (*self.envs.values(), self.total)]
+
+
+def _tokens(rollout: dict[str, Any]) -> int:
+    response = rollout.get("response")
+    usage = response.get("usage") if isinstance(response, dict) else None
+    value = usage.get("total_tokens") if isinstance(usage, dict) else None
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def _reward(rollout: dict[str, Any]) -> float:
+    value = rollout.get("reward")
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
+
+
+def _env_report(
+    step: int,
+    env: str,
+    agent: str | None,
+    shares: tuple[float, float],
+    prompts: int,
+    planned: int,
+    results: list[Result],
+    stragglers: int,
+    finished_total: int,
+) -> EnvStepReport:
+    ok = [r.rollout for r in results if r.rollout is not None]
+    rewards = [_reward(r) for r in ok]
+    return EnvStepReport(
+        step=step,
+        env=env,
+        agent=agent,
+        target_share=shares[0],
+        planned_share=shares[1],
+        realized_share=len(ok) / finished_total if finished_total else 0.0,
+        prompts=prompts,
+        rollouts=planned,
+        completed=len(ok),
+        failures=len(results) - len(ok),
+        stragglers=stragglers,
+        reward_mean=statistics.fmean(rewards) if rewards else None,
+        reward_std=statistics.pstdev(rewards) if rewards else None,
+        pass_rate=sum(r >= PASS_THRESHOLD for r in rewards) / len(rewards) if rewards else None,
+        tokens=sum(_tokens(r) for r in ok),
+        latency_mean_s=statistics.fmean(r.latency_s for r in results) if results else None,
+    )
+
+
+def step_jobs(step: Step, plan: Plan, sampling: dict[str, Any] | None = None) -> dict[str, list[Job]]:
+    """The jobs of one step by environment: each prompt times ``responses_per_prompt``."""
+    jobs: dict[str, list[Job]] = {env.name: [] for env in plan.environments}
+    for i, item in enumerate(step.items):
+        task = step.number * plan.prompts_per_step + i
+        agent = item.row["agent_ref"]["name"]
+        params = {**item.row["responses_create_params"], **(sampling or {})}
+        for rollout in range(plan.responses_per_prompt):
+            row = {**item.row, "responses_create_params": params, TASK_INDEX: task, ROLLOUT_INDEX: rollout}
+            jobs[item.env].append(Job(agent, task, rollout, row))
+    return jobs
+
+
+def _env_limits(limits: Limits, agent: str, share: int, total: int) -> Limits:
+    """This environment's slice of the concurrency: proportional to its rollouts, at least 1."""
+    slots = max(1, math.ceil(limits.concurrency * share / total)) if total else 1
+    cap = limits.per_agent.get(agent)
+    if cap is not None:
+        slots = min(slots, cap)
+    return Limits(concurrency=slots, per_agent={}, timeout_s=limits.timeout_s, retry=limits.retry)
+
+
+async def _collect_step(
+    client: ServerClient,
+    jobs: dict[str, list[Job]],
+    limits: Limits,
+    deadline_s: float | None,
+    on_result: Callable[[str, Result], None],
+) -> bool:
+    """Collect a step's jobs, one ``collect`` per environment; True when the deadline cut it."""
+    total = sum(len(j) for j in jobs.values())
+
+    async def run_env(env: str, env_jobs: list[Job]) -> None:
+        env_limits = _env_limits(limits, env_jobs[0].agent, len(env_jobs), total)
+        async with contextlib.aclosing(collect(env_jobs, client, env_limits)) as results:
+            async for result in results:
+                on_result(env, result)
+
+    tasks = [asyncio.ensure_future(run_env(env, env_jobs)) for env, env_jobs in jobs.items() if env_jobs]
+    try:
+        if not tasks:
+            return False
+        _, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    finally:
+        for task in tasks:
+            task.cancel()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+            raise outcome
+    return bool(pending)
+
+
+def _step_of(record: dict[str, Any], prompts_per_step: int) -> int | None:
+    task = record.get(TASK_INDEX)
+    return task // prompts_per_step if isinstance(task, int) else None
+
+
+def _keep_before(path: Path, start_step: int, step_of: Callable[[dict[str, Any]], int | None]) -> None:
+    """Drop records of steps >= start_step (a partial step from an interrupted run)."""
+    if not path.exists():
+        path.write_bytes(b"")
+        return
+    kept = [r for r in iter_jsonl(path) if (s := step_of(r)) is not None and s < start_step]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in kept))
+
+
+def prepare_step_files(
+    files: StepFiles, sampler: StepSampler, start_step: int, overwrite: bool, sampling: dict[str, Any] | None
+) -> None:
+    """Fresh files at step 0; at a later step, keep earlier steps and check they match the spec."""
+    files.output.parent.mkdir(parents=True, exist_ok=True)
+    prompts = sampler.plan.prompts_per_step
+    if start_step == 0:
+        existing = [p for p in (files.output, files.materialized) if p.exists() and p.stat().st_size]
+        if existing and not overwrite:
+            raise RunFileError(
+                f"{existing[0]} already exists; pass a start step to continue that run or overwrite it"
+            )
+        for path in (files.output, files.failures, files.materialized, files.steps):
+            path.write_bytes(b"")
+        files.metrics.unlink(missing_ok=True)
+        return
+    for path in (files.output, files.failures, files.materialized):
+        _keep_before(path, start_step, lambda r: _step_of(r, prompts))
+    _keep_before(files.steps, start_step, lambda r: r.get("step") if isinstance(r.get("step"), int) else None)
+    previous = [r for r in iter_jsonl(files.materialized) if _step_of(r, prompts) == start_step - 1]
+    if previous:
+        expected = [
+            job.row
+            for env_jobs in step_jobs(sampler.step(start_step - 1), sampler.plan, sampling).values()
+            for job in env_jobs
+        ]
+        key = lambda r: (r[TASK_INDEX], r[ROLLOUT_INDEX])  # noqa: E731
+        if sorted(previous, key=key) != sorted(expected, key=key):
+            raise RunFileError(
+                f"cannot continue at step {start_step}: step {start_step - 1} in {files.materialized} "
+                "differs from what this spec gives (changed data, weights, step shape or seed); "
+                "start over instead"
+            )
+
+
+class _StepRecorder:
+    """Writes one step's results as they arrive and keeps what the step report needs."""
+
+    def __init__(self, step: int, writer: RolloutWriter, summary: RunSummary | None) -> None:
+        self.step = step
+        self.writer = writer
+        self.summary = summary or RunSummary(total=0, skipped=0)
+        self.results: dict[str, list[Result]] = defaultdict(list)
+        self.rollouts: list[dict[str, Any]] = []
+
+    def record(self, env: str, result: Result) -> None:
+        self.results[env].append(result)
+        self.summary.latencies[result.job.agent].append(result.latency_s)
+        if result.rollout is not None:
+            result.rollout[STEP_FIELD] = self.step
+            result.rollout[ENV_FIELD] = env
+            self.writer.rollout(result.rollout)
+            self.rollouts.append(result.rollout)
+            self.summary.succeeded += 1
+        elif result.failure is not None:
+            self._failure(env, result.failure)
+
+    def _failure(self, env: str, failure: dict[str, Any]) -> None:
+        self.writer.failure({**failure, STEP_FIELD: self.step, ENV_FIELD: env})
+        self.summary.failed += 1
+        self.summary.failures_by_class[failure["error_class"]] += 1
+
+    def stragglers(
+        self, jobs: dict[str, list[Job]], deadline_s: float | None, elapsed: float
+    ) -> Counter[str]:
+        """Record every job without a result as a straggler failure; counts by environment."""
+        counts: Counter[str] = Counter()
+        limit = f" of {deadline_s:g}s" if deadline_s is not None else ""
+        message = f"not finished within the step deadline{limit}"
+        for env, env_jobs in jobs.items():
+            finished = {r.job.key for r in self.results[env]}
+            for job in env_jobs:
+                if job.key not in finished:
+                    counts[env] += 1
+                    self._failure(env, failure_record(job, STRAGGLER, message, elapsed))
+        return counts
+
+
+async def stream_steps(
+    client: ServerClient,
+    blend: Blend,
+    steps: int,
+    files: StepFiles,
+    limits: Limits | None = None,
+    start_step: int = 0,
+    step_timeout_s: float | None = None,
+    sampling: dict[str, Any] | None = None,
+    summary: RunSummary | None = None,
+) -> AsyncIterator[StepReport]:
+    """Collect steps ``start_step .. start_step + steps - 1``; yields each step's report as it ends.
+
+    Files must have been prepared (``prepare_step_files``); every line is flushed as it is written.
+    """
+    limits = limits or Limits()
+    plan = blend.plan()
+    sampler = blend.sampler(plan)
+    agents = {env.name: env.agent for env in blend.environments}
+    with (
+        RolloutWriter(files) as writer,
+        files.materialized.open("ab") as inputs,
+        files.steps.open("ab") as log,
+    ):
+        for step in sampler.steps(start_step, steps):
+            jobs = step_jobs(step, plan, sampling)
+            inputs.write(
+                b"".join(orjson.dumps(j.row) + b"\n" for env_jobs in jobs.values() for j in env_jobs)
+            )
+            inputs.flush()
+            recorder = _StepRecorder(step.number, writer, summary)
+            began = time.perf_counter()
+            timed_out = await _collect_step(client, jobs, limits, step_timeout_s, recorder.record)
+            elapsed = time.perf_counter() - began
+            stragglers = recorder.stragglers(jobs, step_timeout_s, elapsed)
+            results, rollouts = recorder.results, recorder.rollouts
+            report = _report(step, plan, agents, jobs, results, stragglers, elapsed, timed_out, rollouts)
+            log.write(b"".join(orjson.dumps(line) + b"\n" for line in report.lines()))
+            log.flush()
+            yield report
+
+
+def _report(
+    step: Step,
+    plan: Plan,
+    agents: dict[str, str],
+    jobs: dict[str, list[Job]],
+    results: dict[str, list[Result]],
+    stragglers: Counter[str],
+    elapsed: float,
+    timed_out: bool,
+    rollouts: list[dict[str, Any]],
+) -> StepReport:
+    finished = sum(1 for rs in results.values() for r in rs if r.ok)
+    envs = {
+        env.name: _env_report(
+            step.number,
+            env.name,
+            agents[env.name],
+            (env.target_share, env.planned_share),
+            step.shares[env.name].prompts,
+            len(jobs[env.name]),
+            results[env.name],
+            stragglers[env.name],
+            finished,
+        )
+        for env in plan.environments
+    }
+    every = [r for rs in results.values() for r in rs]
+    total = _env_report(
+        step.number,
+        ALL_ENVS,
+        None,
+        (1.0, 1.0),
+        len(step.items),
+        sum(len(j) for j in jobs.values()),
+        every,
+        sum(stragglers.values()),
+        finished,
+    )
+    return StepReport(step.number, elapsed, timed_out, envs, total, rollouts)
+
+
+async def run_steps(
+    client: ServerClient,
+    spec: BlendSpec | Blend,
+    steps: int,
+    output: Path,
+    limits: Limits | None = None,
+    start_step: int = 0,
+    step_timeout_s: float | None = None,
+    overwrite: bool = False,
+    sampling: dict[str, Any] | None = None,
+    on_step: Callable[[StepReport], None] | None = None,
+) -> list[StepReport]:
+    """Collect ``steps`` training steps from ``start_step`` into ``output`` (see the module doc).
+
+    ``start_step > 0`` continues a run: records of steps >= start_step are dropped from the files
+    first (the partial step of an interrupted run), the rest is kept. Raises RunFileError when the
+    files belong to another run, and blend/dataset errors when the spec or its data is bad.
+    """
+    if steps < 0 or start_step < 0:
+        raise ValueError("steps and start_step must be >= 0")
+    blend = spec if isinstance(spec, Blend) else load_blend(spec)
+    files = StepFiles(output)
+    prepare_step_files(files, blend.sampler(), start_step, overwrite, sampling)
+    summary = RunSummary(total=steps * blend.spec.global_batch_size, skipped=0)
+    reports: list[StepReport] = []
+    async for report in stream_steps(
+        client, blend, steps, files, limits, start_step, step_timeout_s, sampling, summary
+    ):
+        report.rollouts = []  # kept on disk; a long run must not hold every rollout in memory
+        reports.append(report)
+        if on_step is not None:
+            on_step(report)
+    await write_aggregate_metrics(files, client, summary)
+    return reports
+
+
+def environments_to_serve(spec: BlendSpec) -> list[str]:
+    """Resources servers a stack needs for ``spec`` (those with a config; the rest must already be
+    in the user's --config files)."""
+    from polygym.blend.mix import environment_config
+    from polygym.stack.config import ConfigError
+
+    names = []
+    for env in spec.environments:
+        try:
+            environment_config(env.name)
+        except ConfigError:
+            continue
+        names.append(env.name)
+    return names

@@ -1,0 +1,1 @@
+"""Rollout collection: datasets in, bounded-concurrency rollouts, run files, metrics, progress, compare."""

@@ -1,0 +1,135 @@
+"""One ``gym eval run``: jobs in, files out, a summary at the end — shared by the CLI and tests.
+
+The run is interruptible at any point: results are written as they arrive, so cancelling the task
+(Ctrl-C) leaves exactly the finished rollouts on disk and ``--resume`` picks up the rest.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from polygym import metrics
+from polygym.collect.dataset import Job
+from polygym.collect.progress import Progress
+from polygym.collect.rollouts import Limits, collect
+from polygym.collect.run_files import RolloutWriter, RunFiles, iter_jsonl, prepare
+from polygym.net.client import ServerCallError, ServerClient
+from polygym.protocol import AGENT_KIND
+
+REDUCED_SCALARS = (str, int, float, bool, type(None))
+
+
+@dataclass
+class RunSummary:
+    total: int
+    skipped: int
+    succeeded: int = 0
+    failed: int = 0
+    failures_by_class: Counter[str] = field(default_factory=Counter)
+    latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    interrupted: bool = False
+
+    @property
+    def missing(self) -> int:
+        return self.total - self.skipped - self.succeeded
+
+
+def reduce_rollout(rollout: dict[str, Any]) -> dict[str, Any]:
+    """What ``/aggregate_metrics`` needs of a rollout: scalar fields and token usage.
+
+    Full responses can be megabytes each; metrics over 10,000 rollouts must not resend them.
+    """
+    reduced = {k: v for k, v in rollout.items() if isinstance(v, REDUCED_SCALARS)}
+    response = rollout.get("response")
+    if isinstance(response, dict):
+        reduced["response"] = {"usage": response.get("usage"), "status": response.get("status")}
+    return reduced
+
+
+def latency_metrics(latencies: list[float]) -> dict[str, float]:
+    if not latencies:
+        return {}
+    ordered = sorted(latencies)
+    out = {"latency/mean_s": statistics.fmean(ordered)}
+    for pct in (50, 90, 95, 99):
+        out[f"latency/p{pct}_s"] = ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
+    return out
+
+
+async def _agent_metrics(client: ServerClient, agent: str, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The environment's own metrics when its agent answers, polygym's generic ones otherwise."""
+    try:
+        reply = await client.call(agent, "/aggregate_metrics", {"rollouts": rollouts}, timeout_s=120.0)
+        data = reply.json()
+        if isinstance(data, dict) and "agent_metrics" in data:
+            return data
+    except ServerCallError:
+        pass
+    return metrics.aggregate(rollouts)
+
+
+async def write_aggregate_metrics(
+    files: RunFiles, client: ServerClient, summary: RunSummary
+) -> list[dict[str, Any]]:
+    """Per-agent metrics over every rollout in the output (this run's and resumed ones)."""
+    by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for rollout in iter_jsonl(files.output):
+        by_agent[(rollout.get("agent_ref") or {}).get("name", "?")].append(reduce_rollout(rollout))
+    failures: Counter[str] = Counter()
+    for failure in iter_jsonl(files.failures):
+        failures[(failure.get("agent_ref") or {}).get("name", "?")] += 1
+    entries = []
+    for agent in sorted(set(by_agent) | set(failures)):
+        block = (
+            await _agent_metrics(client, agent, by_agent[agent]) if by_agent[agent] else metrics.aggregate([])
+        )
+        block["agent_metrics"]["num_failures"] = failures[agent]
+        block["agent_metrics"].update(latency_metrics(summary.latencies.get(agent, [])))
+        block["key_metrics"]["num_failures"] = failures[agent]
+        entries.append({"agent_ref": {"type": AGENT_KIND, "name": agent}, **block})
+    files.metrics.write_bytes(orjson.dumps(entries, option=orjson.OPT_INDENT_2))
+    return entries
+
+
+async def run_eval(
+    client: ServerClient,
+    jobs: list[Job],
+    files: RunFiles,
+    limits: Limits,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress_interval_s: float = 10.0,
+) -> RunSummary:
+    """Collect every job not yet done into ``files``; cancellation leaves a resumable run."""
+    done = prepare(files, jobs, resume, overwrite)
+    todo = [job for job in jobs if job.key not in done]
+    summary = RunSummary(total=len(jobs), skipped=len(done))
+    totals = Counter(job.agent for job in jobs)
+    already = Counter(job.agent for job in jobs if job.key in done)
+    with (
+        RolloutWriter(files) as writer,
+        Progress(dict(totals), dict(already), progress_interval_s) as progress,
+    ):
+        try:
+            async for result in collect(todo, client, limits):
+                summary.latencies[result.job.agent].append(result.latency_s)
+                if result.ok:
+                    assert result.rollout is not None
+                    writer.rollout(result.rollout)
+                    summary.succeeded += 1
+                else:
+                    assert result.failure is not None
+                    writer.failure(result.failure)
+                    summary.failed += 1
+                    summary.failures_by_class[result.failure["error_class"]] += 1
+                progress.update(result)
+        except BaseException:
+            summary.interrupted = True
+            raise
+    await write_aggregate_metrics(files, client, summary)
+    return summary

@@ -1,0 +1,148 @@
+"""The collection engine: run jobs against their agents at bounded concurrency, never hang.
+
+``collect`` is an async iterator of results, usable as is from a training loop running in its own
+event loop (no global state, no blocking calls). It keeps at most ``concurrency`` rollouts in
+flight (and at most the per-agent limit for an agent), buffers at most a few results ahead of the
+consumer, and turns every error into a ``Result`` with a failure record instead of raising:
+one broken environment must not stop the others.
+
+An agent whose server is unreachable is marked down after one rollout exhausts its retries; its
+next rollouts then fail after a single attempt instead of a full backoff each, until one succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.net.client import ServerCallError, ServerClient
+from polygym.net.retry import RetryPolicy
+from polygym.protocol import AGENT_KIND
+
+DEFAULT_CONCURRENCY = 64
+DEFAULT_TIMEOUT_S = 900.0
+RUN_RETRY = RetryPolicy(attempts=4, base_delay_s=0.25, max_delay_s=4.0)
+DOWN_RETRY = RetryPolicy(attempts=1)
+
+
+@dataclass
+class Result:
+    """The outcome of one job: ``rollout`` on success, ``failure`` otherwise."""
+
+    job: Job
+    latency_s: float
+    rollout: dict[str, Any] | None = None
+    failure: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.rollout is not None
+
+
+@dataclass
+class Limits:
+    concurrency: int = DEFAULT_CONCURRENCY
+    per_agent: dict[str, int] = field(default_factory=dict)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    retry: RetryPolicy = RUN_RETRY
+
+
+def failure_record(job: Job, error_class: str, message: str, latency_s: float) -> dict[str, Any]:
+    """A ``_failures.jsonl`` line: enough to find the row, see what broke, and rerun it."""
+    return {
+        "agent_ref": {"type": AGENT_KIND, "name": job.agent},
+        TASK_INDEX: job.task_index,
+        ROLLOUT_INDEX: job.rollout_index,
+        "error_class": error_class,
+        "error": message,
+        "latency_s": round(latency_s, 4),
+        "time": time.time(),
+        "row": job.row,
+    }
+
+
+class _Runner:
+    """Runs single jobs; tracks which agents are down."""
+
+    def __init__(self, client: ServerClient, limits: Limits) -> None:
+        self.client = client
+        self.limits = limits
+        self.down: set[str] = set()
+        self.agent_slots = {a: asyncio.Semaphore(n) for a, n in limits.per_agent.items()}
+
+    async def run(self, job: Job) -> Result:
+        slot = self.agent_slots.get(job.agent)
+        async with slot if slot is not None else contextlib.nullcontext():
+            return await self._run(job)
+
+    async def _run(self, job: Job) -> Result:
+        began = time.perf_counter()
+        retry = DOWN_RETRY if job.agent in self.down else self.limits.retry
+        try:
+            reply = await self.client.call(
+                job.agent, "/run", job.row, timeout_s=self.limits.timeout_s, retry=retry
+            )
+            rollout = reply.json()
+            if not isinstance(rollout, dict) or "reward" not in rollout:
+                raise ValueError(f"agent returned no reward: {str(rollout)[:300]}")
+        except ServerCallError as exc:
+            if exc.status is None and exc.error_class != "Timeout":
+                self.down.add(job.agent)
+            return Result(
+                job,
+                time.perf_counter() - began,
+                failure=failure_record(job, exc.error_class, exc.detail, time.perf_counter() - began),
+            )
+        except Exception as exc:  # a bad reply must become a recorded failure, not an abort
+            return Result(
+                job,
+                time.perf_counter() - began,
+                failure=failure_record(job, type(exc).__name__, str(exc), time.perf_counter() - began),
+            )
+        self.down.discard(job.agent)
+        rollout.setdefault("agent_ref", job.row["agent_ref"])
+        rollout[TASK_INDEX] = job.task_index
+        rollout[ROLLOUT_INDEX] = job.rollout_index
+        return Result(job, time.perf_counter() - began, rollout=rollout)
+
+
+async def collect(
+    jobs: Iterable[Job], client: ServerClient, limits: Limits | None = None
+) -> AsyncIterator[Result]:
+    """Yield a Result for every job, in completion order.
+
+    Stopping the iteration early (``break``, or cancelling the consumer) cancels the rollouts in
+    flight; the jobs not yielded are simply not done, which is what ``--resume`` relies on.
+    """
+    limits = limits or Limits()
+    runner = _Runner(client, limits)
+    pending = iter(jobs)
+    results: asyncio.Queue[Result | None] = asyncio.Queue(maxsize=max(16, limits.concurrency))
+
+    async def worker() -> None:
+        for job in pending:
+            await results.put(await runner.run(job))
+
+    crashed: list[BaseException] = []
+
+    async def supervise(workers: list[asyncio.Future[None]]) -> None:
+        outcomes = await asyncio.gather(*workers, return_exceptions=True)
+        crashed.extend(o for o in outcomes if isinstance(o, BaseException))
+        await results.put(None)
+
+    tasks = [asyncio.ensure_future(worker()) for _ in range(max(1, limits.concurrency))]
+    tasks.append(asyncio.ensure_future(supervise(list(tasks))))
+    try:
+        while (result := await results.get()) is not None:
+            yield result
+        if crashed:
+            raise crashed[0]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

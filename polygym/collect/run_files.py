@@ -1,0 +1,156 @@
+"""The files of one collection run, and the rules that make it resumable without loss.
+
+For ``--output X.jsonl`` (DESIGN §3):
+``X_materialized_inputs.jsonl`` every job as sent, written before the first rollout;
+``X.jsonl`` rollouts appended and flushed as they finish (completion order);
+``X_failures.jsonl`` rollouts that failed for good in the latest attempt;
+``X_aggregate_metrics.json`` per-agent metrics, written at the end.
+
+Resuming re-materializes the jobs from the same input and options and refuses to continue unless
+they are byte-identical to the materialized file: a changed input would silently mix two
+datasets. Done rollouts are the (task, rollout) keys present in ``X.jsonl``; a torn last line
+left by a ``kill -9`` is cut off before appending.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
+
+
+class RunFileError(Exception):
+    """The output files are in a state we must not touch; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    output: Path
+
+    def _sibling(self, suffix: str) -> Path:
+        stem = self.output.name[: -len(".jsonl")] if self.output.name.endswith(".jsonl") else self.output.name
+        return self.output.with_name(stem + suffix)
+
+    @property
+    def materialized(self) -> Path:
+        return self._sibling("_materialized_inputs.jsonl")
+
+    @property
+    def failures(self) -> Path:
+        return self._sibling("_failures.jsonl")
+
+    @property
+    def metrics(self) -> Path:
+        return self._sibling("_aggregate_metrics.json")
+
+    def all(self) -> list[Path]:
+        return [self.output, self.materialized, self.failures, self.metrics]
+
+
+def materialized_bytes(jobs: Iterable[Job]) -> bytes:
+    return b"".join(orjson.dumps(job.row) + b"\n" for job in jobs)
+
+
+def _truncate_torn_tail(path: Path) -> None:
+    """Cut a partial last line (a write interrupted by kill -9) so appends start clean."""
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with path.open("rb+") as handle:
+        handle.seek(-1, os.SEEK_END)
+        if handle.read(1) == b"\n":
+            return
+        data = path.read_bytes()
+        handle.truncate(data.rfind(b"\n") + 1)
+
+
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Complete, parsable lines of a JSONL file (a torn last line is skipped)."""
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                data = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(data, dict):
+                yield data
+
+
+def done_keys(path: Path) -> set[tuple[int, int]]:
+    return {
+        (r[TASK_INDEX], r[ROLLOUT_INDEX]) for r in iter_jsonl(path) if TASK_INDEX in r and ROLLOUT_INDEX in r
+    }
+
+
+def prepare(files: RunFiles, jobs: list[Job], resume: bool, overwrite: bool) -> set[tuple[int, int]]:
+    """Set up the files for a fresh or resumed run; returns the keys already done."""
+    files.output.parent.mkdir(parents=True, exist_ok=True)
+    materialized = materialized_bytes(jobs)
+    if resume:
+        return _prepare_resume(files, materialized, jobs)
+    existing = [p for p in (files.output, files.materialized) if p.exists() and p.stat().st_size]
+    if existing and not overwrite:
+        raise RunFileError(
+            f"{existing[0]} already exists; pass --resume to finish that run or --overwrite to start over"
+        )
+    files.materialized.write_bytes(materialized)
+    for path in (files.output, files.failures):
+        path.write_bytes(b"")
+    files.metrics.unlink(missing_ok=True)
+    return set()
+
+
+def _prepare_resume(files: RunFiles, materialized: bytes, jobs: list[Job]) -> set[tuple[int, int]]:
+    if not files.materialized.exists():
+        raise RunFileError(
+            f"cannot resume: {files.materialized} does not exist (start the run without --resume)"
+        )
+    if files.materialized.read_bytes() != materialized:
+        raise RunFileError(
+            f"cannot resume: the input or the run options changed since {files.materialized} was written; "
+            "resume with the same --input, --limit, --num-repeats, sampling flags and --seed, or start over "
+            "with --overwrite"
+        )
+    if files.output.exists():
+        _truncate_torn_tail(files.output)
+    else:
+        files.output.write_bytes(b"")
+    files.failures.write_bytes(b"")
+    wanted = {job.key for job in jobs}
+    return done_keys(files.output) & wanted
+
+
+class RolloutWriter:
+    """Appends rollouts and failures, flushing each line so a crash loses nothing finished."""
+
+    def __init__(self, files: RunFiles) -> None:
+        self._out: IO[bytes] = files.output.open("ab")
+        self._failures: IO[bytes] = files.failures.open("ab")
+
+    def rollout(self, rollout: dict[str, Any]) -> None:
+        self._out.write(orjson.dumps(rollout, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        self._out.flush()
+
+    def failure(self, failure: dict[str, Any]) -> None:
+        self._failures.write(orjson.dumps(failure) + b"\n")
+        self._failures.flush()
+
+    def close(self) -> None:
+        self._out.close()
+        self._failures.close()
+
+    def __enter__(self) -> RolloutWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Conversions between API dialects (OpenAI Responses and Chat Completions)."""

@@ -1,0 +1,210 @@
+"""The base every polygym server shares: a Starlette app, JSON endpoints, errors, liveness.
+
+Servers are plain ASGI apps with a uniform lifecycle so that any launcher backend can place them
+(DESIGN §4). JSON endpoints are thin on purpose: one orjson parse, one pydantic validation where a
+model is declared, one orjson dump — the hot path of a rollout crosses several of them.
+Errors always come back as ``{"error": {"type", "message"}}`` with a 4xx for bad input and a 5xx
+for a failure inside the server, so a caller can record a clear failure instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import typing
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.applications import Starlette
+from starlette.datastructures import State
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from polygym.net.client import ServerClient
+
+logger = logging.getLogger("polygym.servers.base")
+
+
+class ServerConfig(BaseModel):
+    """Settings common to every server; implementations subclass this with their own fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    entrypoint: str = "app.py"
+    description: str = ""
+
+
+class HTTPError(Exception):
+    """Raise from a handler to answer with ``status`` and a clear message (e.g. a 404)."""
+
+    def __init__(self, status: int, message: str, error_type: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_type = error_type or ("bad_request" if status < 500 else "server_error")
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(status: int, error_type: str, message: str, details: Any = None) -> Response:
+    error: dict[str, Any] = {"type": error_type, "message": message}
+    if details is not None:
+        error["details"] = details
+    return json_response({"error": error}, status)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """``field.path: problem`` for every error, so the caller knows exactly what to fix."""
+    parts = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "(body)"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+class DirectRequest:
+    """What our handlers read from a Starlette Request, for calls made inside one process."""
+
+    def __init__(self, path: str, cookies: dict[str, str]) -> None:
+        self.cookies = cookies
+        self.state = State()
+        self.url = SimpleNamespace(path=path)
+
+
+class JsonEndpoint:
+    """``handler(body, request)`` as a JSON endpoint with uniform error handling.
+
+    ``body`` is the validated ``model`` instance, or the parsed JSON when no model is given.
+    ``handle_request`` serves it through Starlette; ``respond`` is the same endpoint for an
+    in-process caller, which skips routing, middleware and the Request object entirely.
+    """
+
+    def __init__(self, handler: Handler, model: type[BaseModel] | None = None) -> None:
+        self.handler = handler
+        self.model = model
+
+    async def handle_request(self, request: Request) -> Response:
+        return await self.respond(await request.body(), request)
+
+    async def respond(self, raw: bytes, request: Any) -> Response:
+        try:
+            data = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError as exc:
+            return error_response(400, "invalid_json", f"request body is not valid JSON: {exc}")
+        try:
+            body = self.model.model_validate(data) if self.model is not None else data
+        except ValidationError as exc:
+            return error_response(422, "validation_error", validation_message(exc))
+        try:
+            result = await self.handler(body, request)
+        except HTTPError as exc:
+            return error_response(exc.status, exc.error_type, exc.message)
+        except ValidationError as exc:
+            logger.exception("%s: invalid data produced by the handler", request.url.path)
+            return error_response(500, "ValidationError", validation_message(exc))
+        except Exception as exc:
+            logger.exception("%s failed", request.url.path)
+            return error_response(500, type(exc).__name__, str(exc) or repr(exc))
+        return result if isinstance(result, Response) else json_response(result)
+
+
+def json_endpoint(
+    handler: Handler, model: type[BaseModel] | None = None
+) -> Callable[[Request], Awaitable[Response]]:
+    """A Starlette endpoint for ``handler``; in-process callers find its JsonEndpoint through it."""
+    return JsonEndpoint(handler, model).handle_request
+
+
+def body_model(method: Callable[..., Any], param: str = "body") -> type[BaseModel] | None:
+    """The pydantic model annotated on ``method``'s ``param`` (None when not a model)."""
+    hints = typing.get_type_hints(method)
+    annotation = hints.get(param)
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+class BaseServer:
+    """A named server instance built from its config block; ``app`` is what launchers serve."""
+
+    kind: ClassVar[str] = ""
+    Config: ClassVar[type[ServerConfig]] = ServerConfig
+
+    def __init__(
+        self,
+        name: str,
+        config: dict[str, Any] | ServerConfig | None = None,
+        client: ServerClient | None = None,
+    ):
+        self.name = name
+        self.config = config if isinstance(config, ServerConfig) else self.Config.model_validate(config or {})
+        self.client = client or ServerClient()
+        self._app: Starlette | None = None
+        self._direct: dict[tuple[str, str], JsonEndpoint] = {}
+
+    @property
+    def implementation(self) -> str:
+        return (
+            type(self).__module__.rsplit(".", 2)[-2] if "." in type(self).__module__ else type(self).__name__
+        )
+
+    def routes(self) -> list[Route]:
+        """HTTP routes of this server; subclasses add theirs to the base list."""
+        return [Route("/", self._liveness, methods=["GET"])]
+
+    @property
+    def app(self) -> Starlette:
+        if self._app is None:
+            routes = self.routes()
+            self._direct = {
+                (method, route.path): route.endpoint.__self__
+                for route in routes
+                if isinstance(getattr(route.endpoint, "__self__", None), JsonEndpoint)
+                for method in route.methods or ()
+            }
+            self._app = Starlette(routes=routes, lifespan=self._lifespan)
+        return self._app
+
+    async def dispatch(
+        self, method: str, path: str, body: bytes, cookies: dict[str, str]
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """Serve a JSON route for a caller in this process; None when the route needs Starlette."""
+        endpoint = self._direct.get((method, path)) if self._app is not None else None
+        if endpoint is None:
+            return None
+        response = await endpoint.respond(body, DirectRequest(path, cookies))
+        return response.status_code, response.raw_headers, bytes(response.body)
+
+    async def startup(self) -> None:
+        """Called once before the first request; override to open resources."""
+
+    async def shutdown(self) -> None:
+        """Called once when the server stops; override to release resources."""
+
+    async def health(self) -> dict[str, Any]:
+        """Liveness payload of ``GET /``; subclasses add counters worth watching."""
+        return {"status": "ok", "name": self.name, "kind": self.kind, "pid": os.getpid()}
+
+    async def _liveness(self, request: Request) -> Response:
+        return json_response(await self.health())
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.startup()
+        try:
+            yield
+        finally:
+            await self.shutdown()

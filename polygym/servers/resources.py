@@ -1,0 +1,229 @@
+"""Base class for environments (resources servers): tools, per-rollout sessions, a verifier.
+
+An environment author writes typed async methods and a ``verify``; everything else — routes,
+validation with clear 422s, session cookies, release and expiry, tool schemas, liveness and
+aggregate metrics — comes from here::
+
+    class Weather(ResourcesServer):
+        @tool
+        async def get_weather(self, body: GetWeatherRequest) -> GetWeatherResponse:
+            "Current weather for a city."
+            ...
+
+        async def verify(self, body: WeatherVerifyRequest, session: Session) -> VerifyResponse:
+            ...
+
+A tool or ``verify`` that declares a ``session`` parameter receives the rollout's ``Session``;
+calls without a session cookie get a fresh session (released at once after a cookie-less verify).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from polygym import metrics
+from polygym.protocol import RESOURCES_KIND, AggregateMetricsRequest, SeedSessionRequest, VerifyRequest
+from polygym.servers.base import BaseServer, HTTPError, ServerConfig, body_model, json_endpoint, json_response
+from polygym.servers.sessions import SESSION_COOKIE, Session, SessionStore
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def tool(method: F) -> F:
+    """Mark an async method as a tool served at ``POST /<method name>``."""
+    method._polygym_tool = True  # type: ignore[attr-defined]
+    return method
+
+
+class ResourcesServerConfig(ServerConfig):
+    domain: str = "other"
+    session_idle_timeout_s: float = 900.0
+    reward_range: tuple[float, float] = (0.0, 1.0)
+
+
+class ToolSpec:
+    """A tool discovered on the class: its name, request model and description."""
+
+    def __init__(self, name: str, method: Callable[..., Any]) -> None:
+        self.name = name
+        self.method = method
+        self.request_model = body_model(method)
+        self.description = inspect.getdoc(method) or ""
+        self.wants_session = "session" in inspect.signature(method).parameters
+
+    def schema(self) -> dict[str, Any]:
+        """The tool as a Responses ``tools`` entry, derived from the request model."""
+        parameters = self.request_model.model_json_schema() if self.request_model else {"type": "object"}
+        parameters = _strip_titles(parameters)
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": parameters,
+            "strict": False,
+        }
+
+
+def _strip_titles(schema: Any) -> Any:
+    """Drop pydantic's generated ``title`` strings: tokens the model reads for nothing.
+
+    Only string values are titles; a property that is itself *named* ``title`` maps to a schema
+    (a dict) and is kept.
+    """
+    if isinstance(schema, dict):
+        return {k: _strip_titles(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+    if isinstance(schema, list):
+        return [_strip_titles(v) for v in schema]
+    return schema
+
+
+class ResourcesServer(BaseServer):
+    """An environment: subclasses add ``@tool`` methods and implement ``verify``."""
+
+    kind: ClassVar[str] = RESOURCES_KIND
+    Config: ClassVar[type[ServerConfig]] = ResourcesServerConfig
+    config: ResourcesServerConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sessions = SessionStore(idle_timeout_s=self.config.session_idle_timeout_s)
+        self._verify_wants_session = "session" in inspect.signature(self.verify).parameters
+
+    # -- to override -------------------------------------------------------------------------
+    async def seed_session(self, body: SeedSessionRequest, session: Session) -> dict[str, Any] | None:
+        """Set up per-rollout state from the dataset row; the default keeps no state."""
+        return None
+
+    async def verify(self, body: VerifyRequest, session: Session) -> BaseModel | dict[str, Any]:
+        """Turn a finished rollout into a reward; every environment must implement it."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement verify")
+
+    def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+        """Metrics over this environment's rollouts; override to add domain metrics."""
+        return metrics.aggregate(rollouts)
+
+    # -- machinery ---------------------------------------------------------------------------
+    @classmethod
+    def tools(cls) -> dict[str, ToolSpec]:
+        """Tools in definition order (base classes first), the order models are offered them."""
+        found: dict[str, ToolSpec] = {}
+        for klass in reversed(cls.__mro__):
+            for name, member in vars(klass).items():
+                if inspect.isfunction(member) and getattr(member, "_polygym_tool", False):
+                    found[name] = ToolSpec(name, member)
+        return found
+
+    @classmethod
+    def tool_schemas(cls) -> list[dict[str, Any]]:
+        return [spec.schema() for spec in cls.tools().values()]
+
+    def routes(self) -> list[Route]:
+        routes = super().routes()
+        verify_model = body_model(type(self).verify) or VerifyRequest
+        seed_model = body_model(type(self).seed_session) or SeedSessionRequest
+        routes += [
+            Route("/seed_session", json_endpoint(self._seed, seed_model), methods=["POST"]),
+            Route("/verify", json_endpoint(self._verify, verify_model), methods=["POST"]),
+            Route("/end_session", json_endpoint(self._end_session), methods=["POST"]),
+            Route(
+                "/aggregate_metrics",
+                json_endpoint(self._aggregate, AggregateMetricsRequest),
+                methods=["POST"],
+            ),
+            Route("/tools", self._list_tools, methods=["GET"]),
+        ]
+        for name, spec in self.tools().items():
+            routes.append(
+                Route(
+                    f"/{name}", json_endpoint(self._tool_handler(spec), spec.request_model), methods=["POST"]
+                )
+            )
+        return routes
+
+    async def startup(self) -> None:
+        self.sessions.start_sweeper()
+
+    async def shutdown(self) -> None:
+        await self.sessions.stop_sweeper()
+
+    async def health(self) -> dict[str, Any]:
+        return {**await super().health(), "sessions": self.sessions.stats()}
+
+    def _session_for(self, request: Request) -> Session:
+        """The rollout's session from its cookie; a call without one gets a fresh session."""
+        session_id = request.cookies.get(SESSION_COOKIE)
+        if session_id is None:
+            session = self.sessions.create()
+            request.state.new_session = session.id
+            return session
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise HTTPError(
+                409,
+                f"unknown or expired session '{session_id}' (released after verify, or idle longer than "
+                f"{self.config.session_idle_timeout_s:g}s); call /seed_session to start a new one",
+                "unknown_session",
+            )
+        return session
+
+    @staticmethod
+    def _with_cookie(request: Request, result: Any) -> Response:
+        response = (
+            result if isinstance(result, Response) else json_response(result if result is not None else {})
+        )
+        new_session = getattr(request.state, "new_session", None)
+        if new_session:
+            response.set_cookie(SESSION_COOKIE, new_session, httponly=True, samesite="lax")
+        return response
+
+    async def _seed(self, body: SeedSessionRequest, request: Request) -> Response:
+        session = self.sessions.create()
+        request.state.new_session = session.id
+        try:
+            result = await self.seed_session(body, session)
+        except BaseException:
+            self.sessions.release(session.id)  # no cookie goes out, so nobody could release it later
+            raise
+        return self._with_cookie(request, result)
+
+    async def _verify(self, body: VerifyRequest, request: Request) -> Response:
+        """Verify within the rollout's session; a cookie-less call uses a throwaway one."""
+        session = self._session_for(request)
+        throwaway = getattr(request.state, "new_session", None) is not None
+        try:
+            if self._verify_wants_session:
+                result = await self.verify(body, session=session)
+            else:
+                result = await self.verify(body)  # type: ignore[call-arg]
+        finally:
+            if throwaway:
+                self.sessions.release(session.id)
+                request.state.new_session = None
+        return self._with_cookie(request, result)
+
+    async def _end_session(self, body: Any, request: Request) -> dict[str, Any]:
+        session_id = request.cookies.get(SESSION_COOKIE)
+        return {"released": bool(session_id) and self.sessions.release(session_id)}
+
+    async def _aggregate(self, body: AggregateMetricsRequest, request: Request) -> dict[str, Any]:
+        return self.aggregate_metrics(body.rollouts)
+
+    async def _list_tools(self, request: Request) -> Response:
+        return json_response(self.tool_schemas())
+
+    def _tool_handler(self, spec: ToolSpec) -> Callable[[Any, Request], Any]:
+        bound = getattr(self, spec.name)
+
+        async def handler(body: Any, request: Request) -> Response:
+            session = self._session_for(request)
+            result = await (bound(body, session=session) if spec.wants_session else bound(body))
+            return self._with_cookie(request, result)
+
+        return handler

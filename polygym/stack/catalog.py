@@ -1,0 +1,164 @@
+"""Where server implementations and their config files live on disk.
+
+Users keep NeMo Gym's layout: ``resources_servers/<name>/``, ``responses_api_agents/<name>/`` and
+``responses_api_models/<name>/``, each with ``configs/<name>.yaml``. They may run ``gym`` from their own
+checkout (with environments of their own) or rely on the ones shipped with polygym, so two roots are
+searched: the working directory first (a user's folder shadows a shipped one of the same name), then
+the project root that holds the installed server packages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from polygym.suggest import closest
+
+SERVER_KINDS: tuple[str, ...] = ("resources_servers", "responses_api_agents", "responses_api_models")
+
+
+def _config_error(problems: list[str]) -> Exception:
+    """Build a ConfigError; imported late because ``polygym.stack.config`` imports this module."""
+    from polygym.stack.config import ConfigError
+
+    return ConfigError(problems)
+
+
+def project_root() -> Path:
+    """The folder that holds the shipped server folders (``resources_servers/`` and friends).
+
+    ``polygym`` and the three server packages are installed side by side (an editable install
+    points at the checkout, a wheel at site-packages), so polygym's own location finds them even
+    when the working directory has a ``resources_servers/`` folder of the user's own that would
+    shadow the installed package on import.
+    """
+    return Path(__file__).resolve().parents[2]
+
+
+def _roots() -> list[Path]:
+    """Search roots in priority order, without duplicates (cwd is often the project root)."""
+    roots: list[Path] = []
+    for root in (Path.cwd(), project_root()):
+        if all(root.resolve() != seen.resolve() for seen in roots):
+            roots.append(root)
+    return roots
+
+
+def _is_implementation_name(name: str) -> bool:
+    """Folder names that can be implementations: not private, hidden, caches, or path tricks."""
+    return (
+        bool(name)
+        and not name.startswith(("_", "."))
+        and "/" not in name
+        and "\\" not in name
+        and name != "__pycache__"
+    )
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in SERVER_KINDS:
+        raise _config_error([describe_unknown("server kind", kind, SERVER_KINDS)])
+
+
+def describe_unknown(what: str, name: str, known: Iterable[str], origin: str | None = None) -> str:
+    """``unknown <what> 'name' (from origin). Did you mean 'x'? Known: ...`` for every name error."""
+    known_list = sorted(set(known))
+    text = f"unknown {what} '{name}'"
+    if origin:
+        text += f" (from {origin})"
+    text += "."
+    match = closest(name, known_list)
+    if match:
+        text += f" Did you mean '{match[0]}'?"
+    return text + f" Known: {', '.join(known_list) if known_list else '(none)'}"
+
+
+def list_implementations(kind: str) -> list[str]:
+    """Every implementation of ``kind`` found under any root, sorted, each name once."""
+    _check_kind(kind)
+    names: set[str] = set()
+    for root in _roots():
+        folder = root / kind
+        if folder.is_dir():
+            names.update(p.name for p in folder.iterdir() if p.is_dir() and _is_implementation_name(p.name))
+    return sorted(names)
+
+
+def describe_missing_implementation(kind: str, implementation: str, origin: str | None = None) -> str:
+    """Explain a missing implementation: did-you-mean, what exists, and which folders were searched."""
+    searched = ", ".join(str(root / kind) for root in _roots())
+    message = describe_unknown(f"{kind} implementation", implementation, list_implementations(kind), origin)
+    return f"{message} (searched {searched})"
+
+
+def _find(kind: str, implementation: str) -> Path | None:
+    if not _is_implementation_name(implementation):
+        return None
+    for root in _roots():
+        candidate = root / kind / implementation
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def find_implementation_dir(kind: str, implementation: str) -> Path:
+    """The folder of ``kind/implementation`` in the first root that has it."""
+    _check_kind(kind)
+    found = _find(kind, implementation)
+    if found is None:
+        raise _config_error([describe_missing_implementation(kind, implementation)])
+    return found
+
+
+def _selector_path(kind: str, name: str, flag: str, problems: list[str]) -> Path | None:
+    """``<kind>/<name>/configs/<name>.yaml``, or None after recording why it is not there."""
+    folder = _find(kind, name)
+    if folder is None:
+        known = list_implementations(kind)
+        problems.append(f"{flag} {name}: " + describe_unknown(f"{kind} implementation", name, known))
+        return None
+    config = folder / "configs" / f"{name}.yaml"
+    if not config.is_file():
+        problems.append(f"{flag} {name}: {folder} has no config file configs/{name}.yaml")
+        return None
+    return config
+
+
+def selector_paths(resources_servers: list[str], model_types: list[str], configs: list[str]) -> list[Path]:
+    """Turn ``--model-type``/``--resources-server``/``--config`` selectors into files to merge.
+
+    Model types come first so that an environment's own file can refine model settings, and explicit
+    ``--config`` files come last because they are the user's most specific intent. Every selector is
+    kept (NeMo Gym keeps only the last repeated one, contrary to its docs). All bad selectors are
+    reported together so one run shows every typo.
+    """
+    problems: list[str] = []
+    paths: list[Path] = []
+    for flag, kind, names in (
+        ("--model-type", "responses_api_models", model_types),
+        ("--resources-server", "resources_servers", resources_servers),
+    ):
+        for name in names:
+            path = _selector_path(kind, name, flag, problems)
+            if path is not None:
+                paths.append(path)
+    for text in configs:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            reason = "is not a file" if path.exists() else "not found"
+            problems.append(f"--config {text}: config file {reason} (relative to {Path.cwd()})")
+            continue
+        paths.append(path)
+    if problems:
+        raise _config_error(problems)
+    return paths
+
+
+def env_yaml_paths() -> list[Path]:
+    """Existing ``env.yaml`` files: project root first, then the working directory (which wins)."""
+    found: list[Path] = []
+    for root in (project_root(), Path.cwd()):
+        candidate = root / "env.yaml"
+        if candidate.is_file() and all(candidate.resolve() != p.resolve() for p in found):
+            found.append(candidate)
+    return found

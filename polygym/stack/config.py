@@ -1,0 +1,584 @@
+"""Loading NeMo Gym-compatible YAML configs into a checked, fully resolved stack description.
+
+Users bring config files written for NeMo Gym, so the format is theirs: top-level entries are either
+server instances (``<name>: {<kind>: {<implementation>: {...}}}``) or global values used by
+``${...}`` interpolation. Files are merged with OmegaConf (later files win, mappings merge deeply).
+
+The loader's main job beyond merging is to fail *once* with *every* problem: a stack that needs five
+fixes should not take five runs to discover them. So nothing is resolved until the whole merged config
+has been scanned, and every problem names the file that set the offending key (provenance is tracked
+per dotted key) and, for names, what the user probably meant.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import (
+    InterpolationKeyError,
+    InterpolationToMissingValueError,
+    OmegaConfBaseException,
+)
+
+from polygym.stack import catalog
+from polygym.stack.catalog import SERVER_KINDS, describe_unknown
+from polygym.suggest import closest
+
+MISSING = "???"
+COMMAND_LINE = "command line"
+MASK = "****"
+
+_ABSENT = object()  # "no such key", distinct from a key whose value is None
+_UNRESOLVED = object()  # a value that could not be resolved; its problem is already recorded
+# ${a.b.c}: a plain absolute key (not a resolver call such as ${oc.env:X}, not a relative ${.x}).
+_KEY_REFERENCE = re.compile(r"\$\{\s*([A-Za-z_][\w\-]*(?:\.[\w\-]+)*)\s*\}")
+_OVERRIDE_KEY = re.compile(r"[^\s.=]+(?:\.[^\s.=]+)*")
+
+
+class ConfigError(Exception):
+    """Every problem found in a configuration, reported together so one run shows all fixes needed."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems: list[str] = list(problems)
+        super().__init__(self.problems)  # keeps the error picklable across process backends
+
+    def __str__(self) -> str:
+        count = len(self.problems)
+        header = f"{count} config problem{'s' if count != 1 else ''}:"
+        return "\n  - ".join([header, *self.problems])
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server instance, resolved and checked, ready for a launcher to start."""
+
+    name: str
+    kind: str
+    implementation: str
+    config: dict[str, Any]
+    source: str
+    directory: Path
+
+    def references(self) -> list[tuple[str, str, str]]:
+        """``(dotted key, kind, name)`` for each ``{type, name}`` reference, so launchers can order starts."""
+        return [(key, kind, name) for key, kind, name in _references(self.config, "") if kind in SERVER_KINDS]
+
+
+@dataclass
+class StackConfig:
+    """The merged configuration: server instances in file order plus global values."""
+
+    servers: dict[str, ServerSpec]
+    globals: dict[str, Any]
+    sources: list[str]
+
+    def by_kind(self, kind: str) -> list[ServerSpec]:
+        """Servers of one kind, in file order."""
+        if kind not in SERVER_KINDS:
+            raise ValueError(describe_unknown("server kind", kind, SERVER_KINDS))
+        return [spec for spec in self.servers.values() if spec.kind == kind]
+
+    def to_dict(self, mask_secrets: bool = True) -> dict[str, Any]:
+        """The merged config as plain data; secrets masked by default because this gets shown and served."""
+        data: dict[str, Any] = {key: _copy(value) for key, value in self.globals.items()}
+        for spec in self.servers.values():
+            data[spec.name] = {spec.kind: {spec.implementation: _copy(spec.config)}}
+        return _mask(data, False) if mask_secrets else data
+
+
+# --------------------------------------------------------------------------------------------- secrets
+
+
+def is_secret_key(key: Any) -> bool:
+    """Whether a key's value should never be shown.
+
+    ``token`` is matched as a word ending (``hf_token``, ``accessToken``) rather than a substring so that
+    ``max_tokens`` and ``tokenizer`` stay readable; the other markers are matched anywhere in the name.
+    """
+    name = str(key)
+    flat = re.sub(r"[^a-z0-9]", "", name.lower())
+    if any(marker in flat for marker in ("apikey", "secret", "password", "passwd", "authorization")):
+        return True
+    words = re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", name)
+    return any(word.lower().endswith("token") for word in words)
+
+
+def _mask(data: Any, secret: bool) -> Any:
+    if isinstance(data, Mapping):
+        return {key: _mask(value, secret or is_secret_key(key)) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_mask(item, secret) for item in data]
+    if secret and isinstance(data, str) and data:
+        return MASK
+    return data
+
+
+def mask_secrets(data: Any) -> Any:
+    """A copy of ``data`` with every non-empty string under a secret-looking key replaced by ``****``.
+
+    Only strings are masked: a secret is text, and masking numbers would hide ``max_tokens: 256``.
+    Everything beneath a secret key is masked too (``secrets: {db: ...}``).
+    """
+    return _mask(data, False)
+
+
+def _copy(data: Any) -> Any:
+    """Deep copy of plain data, so callers can edit what ``to_dict`` returns without touching specs."""
+    if isinstance(data, Mapping):
+        return {key: _copy(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_copy(item) for item in data]
+    return data
+
+
+# ------------------------------------------------------------------------------------------ plain data
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _lookup(data: Any, dotted: str) -> Any:
+    """The raw value at a dotted key (list items by index), or ``_ABSENT``."""
+    node = data
+    for part in dotted.split("."):
+        if isinstance(node, Mapping):
+            if part in node:
+                node = node[part]
+            elif part.lstrip("-").isdigit() and int(part) in node:
+                node = node[int(part)]
+            else:
+                return _ABSENT
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _ABSENT
+    return node
+
+
+def _walk(data: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every ``(dotted key, value)`` pair, containers included, depth first."""
+    items = data.items() if isinstance(data, Mapping) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        path = _join(prefix, key)
+        yield path, value
+        yield from _walk(value, path)
+
+
+def _referenced_keys(data: Any) -> set[str]:
+    """Keys named by ``${key}`` interpolations anywhere, with their top-level parts."""
+    keys: set[str] = set()
+    for _, value in _walk(data):
+        if isinstance(value, str):
+            for match in _KEY_REFERENCE.finditer(value):
+                keys.update({match.group(1), match.group(1).split(".")[0]})
+    return keys
+
+
+def _references(data: Any, prefix: str) -> Iterator[tuple[str, Any, Any]]:
+    """``{type, name}`` mappings (exactly those two keys, so dataset entries are not mistaken for them)."""
+    if isinstance(data, Mapping):
+        if set(data) == {"type", "name"}:
+            yield prefix, data["type"], data["name"]
+            return
+        for key, value in data.items():
+            yield from _references(value, _join(prefix, key))
+    elif isinstance(data, list):
+        for index, item in enumerate(data):
+            yield from _references(item, _join(prefix, index))
+
+
+def _yaml_friendly(data: Any) -> Any:
+    """YAML dates become ISO strings: OmegaConf cannot hold date objects and users meant the text."""
+    if isinstance(data, dict):
+        return {key: _yaml_friendly(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_yaml_friendly(item) for item in data]
+    if isinstance(data, (_dt.date, _dt.datetime)):
+        return data.isoformat()
+    return data
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _display(path: Path) -> str:
+    """Paths under the working directory are shown relative to it: shorter, and what users typed."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+# ------------------------------------------------------------------------------------------- loading
+
+
+def _load_file(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    """Parse one file into a mapping, or record why it cannot be used and return None."""
+    shown = _display(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        problems.append(f"{shown}: cannot read config file: {exc.strerror or exc}")
+        return None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        what = getattr(exc, "problem", None) or _first_line(exc)
+        if getattr(exc, "context", None):
+            what = f"{what} ({exc.context})"
+        where = f"{shown}:{mark.line + 1}:{mark.column + 1}" if mark else shown
+        problems.append(f"{where}: invalid YAML: {what}")
+        return None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        problems.append(
+            f"{shown}: the top level must be a mapping of server instances and global values, "
+            f"not a {type(data).__name__}"
+        )
+        return None
+    data = _yaml_friendly(data)
+    bad = _bad_interpolations(data)
+    problems.extend(f"{shown}: {problem}" for problem in bad)
+    return None if bad else data
+
+
+def _bad_interpolations(data: Any) -> list[str]:
+    """Strings whose ``${`` is not valid interpolation syntax (OmegaConf would reject the whole file)."""
+    problems = []
+    for key, value in _walk(data):
+        if isinstance(value, str) and "${" in value:
+            try:
+                OmegaConf.create({"value": value})
+            except OmegaConfBaseException:
+                problems.append(f"{key}: invalid interpolation in {value!r}; write \\${{ for a literal ${{")
+    return problems
+
+
+def parse_override(text: str) -> tuple[str, Any, bool]:
+    """Split ``key=value`` / ``+key=value`` into ``(key, value, add)``.
+
+    The value is read as a YAML scalar or flow collection (``3``, ``true``, ``[1, 2]``, ``{a: 1}``), so
+    types match what the same text would mean in a file. Text that only looks like block YAML
+    (``a: b``) or is not YAML at all stays a string, and an empty value is the empty string.
+    """
+    add = text.startswith("+")
+    key, sep, raw = (text[1:] if add else text).partition("=")
+    key = key.strip()
+    if not sep or not _OVERRIDE_KEY.fullmatch(key):
+        raise ConfigError(
+            [f"bad override '{text}': expected key=value or +key=value (key dotted, e.g. a.b=1)"]
+        )
+    return key, _override_value(raw, text), add
+
+
+def _override_value(raw: str, text: str) -> Any:
+    if raw.strip() == "":
+        return ""
+    flow = raw.lstrip().startswith(("[", "{"))
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        if flow:
+            raise ConfigError(
+                [f"bad override '{text}': value is not valid YAML: {_first_line(exc)}"]
+            ) from None
+        return raw
+    if isinstance(value, (dict, list)) and not flow:
+        return raw
+    return _yaml_friendly(value)
+
+
+class _Provenance:
+    """Which source last set each dotted key; lookups fall back to the closest recorded parent."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, str] = {}
+
+    def record(self, key: str, value: Any, source: str, before: Any, keep_on_missing: bool) -> None:
+        """Mirror OmegaConf's merge: mappings merge key by key, anything else replaces the whole subtree."""
+        if keep_on_missing and value == MISSING and _lookup(before, key) not in (_ABSENT, MISSING):
+            return  # OmegaConf keeps an existing value when a later file only says "required"
+        if isinstance(value, Mapping):
+            if key:
+                self._by_key[key] = source
+            for child, child_value in value.items():
+                self.record(_join(key, child), child_value, source, before, keep_on_missing)
+            return
+        prefix = f"{key}."
+        for recorded in [k for k in self._by_key if k.startswith(prefix)]:
+            del self._by_key[recorded]
+        self._by_key[key] = source
+
+    def source_of(self, key: str) -> str:
+        parts = key.split(".")
+        while parts:
+            found = self._by_key.get(".".join(parts))
+            if found is not None:
+                return found
+            parts.pop()
+        return "unknown source"
+
+
+@dataclass
+class _Stack:
+    """Working state while loading: the merged config, its provenance and the problems so far."""
+
+    merged: DictConfig
+    provenance: _Provenance
+    problems: list[str]
+
+    def raw(self) -> dict[str, Any]:
+        return OmegaConf.to_container(self.merged, resolve=False)  # type: ignore[return-value]
+
+    def origin(self, key: str) -> str:
+        return self.provenance.source_of(key)
+
+
+def _merge_files(stack: _Stack, files: list[tuple[str, dict[str, Any]]]) -> None:
+    for source, data in files:
+        before = stack.raw()
+        try:
+            stack.merged = OmegaConf.merge(stack.merged, OmegaConf.create(data))  # type: ignore[assignment]
+        except (OmegaConfBaseException, ValueError, TypeError) as exc:
+            stack.problems.append(f"{source}: cannot merge: {_first_line(exc)}")
+            continue
+        stack.provenance.record("", data, source, before, keep_on_missing=True)
+
+
+def _apply_overrides(stack: _Stack, overrides: list[tuple[str, str, Any, bool]]) -> None:
+    """Apply command-line overrides; a plain ``key=`` must hit a known key so typos do not pass silently."""
+    for text, key, value, add in overrides:
+        before = stack.raw()
+        if not add and _lookup(before, key) is _ABSENT and key not in _referenced_keys(before):
+            message = f"unknown key '{key}' in override '{text}'; use +{text} to add it"
+            match = closest(key, [path for path, _ in _walk(before)])
+            stack.problems.append(message + (f". Did you mean '{match[0]}'?" if match else ""))
+            continue
+        try:
+            OmegaConf.update(stack.merged, key, value, merge=True)
+        except (OmegaConfBaseException, ValueError, TypeError, KeyError, IndexError) as exc:
+            stack.problems.append(f"cannot apply override '{text}': {_first_line(exc)}")
+            continue
+        stack.provenance.record(key, value, COMMAND_LINE, before, keep_on_missing=False)
+
+
+# ------------------------------------------------------------------------------------------- checking
+
+
+def _scan_values(stack: _Stack, node: DictConfig | ListConfig, prefix: str, raw: Any) -> Any:
+    """Resolve every leaf on its own, recording each missing value and failed interpolation.
+
+    Returns plain data with ``_UNRESOLVED`` where a value failed, so later checks can skip those.
+    """
+    keys = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
+    out: dict[Any, Any] = {}
+    for key in keys:
+        path = _join(prefix, key)
+        if OmegaConf.is_missing(node, key):
+            stack.problems.append(f"{path}: missing required value (from {stack.origin(path)})")
+            out[key] = _UNRESOLVED
+        elif OmegaConf.is_interpolation(node, key):
+            out[key] = _resolve_interpolation(stack, node, key, path, raw)
+        else:
+            child = node[key]
+            is_container = isinstance(child, (DictConfig, ListConfig))
+            out[key] = _scan_values(stack, child, path, raw) if is_container else child
+    return out if isinstance(node, DictConfig) else list(out.values())
+
+
+def _resolve_interpolation(stack: _Stack, node: Any, key: Any, path: str, raw: Any) -> Any:
+    """Resolve one ``${...}`` value, or record a problem that says which key to set and where."""
+    text = str(_lookup(raw, path))
+    try:
+        value = node[key]
+        return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    except OmegaConfBaseException as exc:
+        stack.problems.extend(_interpolation_problems(path, text, exc, raw, stack.origin(path)))
+        return _UNRESOLVED
+
+
+def _interpolation_problems(path: str, text: str, exc: Exception, raw: Any, origin: str) -> list[str]:
+    """Name the unset keys (the usual cause: a missing env.yaml entry) or, failing that, the error."""
+    named = list(dict.fromkeys(m.group(1) for m in _KEY_REFERENCE.finditer(text)))
+    unset = [name for name in named if _lookup(raw, name) in (_ABSENT, MISSING)]
+    if unset:
+        return [
+            f"{path}: needs '${{{name}}}', which is not set; add {name} to env.yaml "
+            f"or pass {name}=... (from {origin})"
+            for name in unset
+        ]
+    if named and isinstance(exc, (InterpolationKeyError, InterpolationToMissingValueError)):
+        depends = ", ".join(f"'${{{name}}}'" for name in named)
+        return [f"{path}: uses {depends}, which cannot be resolved either (from {origin})"]
+    return [f"{path}: cannot resolve {text!r}: {_first_line(exc)} (from {origin})"]
+
+
+@dataclass
+class _Entry:
+    """A top-level entry that looks like a server instance, before its values are checked."""
+
+    name: str
+    kind: str
+    implementation: str
+    directory: Path | None
+
+
+def _classify(stack: _Stack, raw: dict[str, Any]) -> tuple[list[_Entry], dict[str, set[str]]]:
+    """Split top-level entries into server instances and globals, recording shape problems.
+
+    Returns usable entries and, per kind, every instance name (even broken ones, so that a reference to
+    an instance with a typo inside is not reported twice).
+    """
+    entries: list[_Entry] = []
+    instances: dict[str, set[str]] = {kind: set() for kind in SERVER_KINDS}
+    for name, value in raw.items():
+        if not isinstance(value, dict):
+            continue
+        kinds = [key for key in value if key in SERVER_KINDS]
+        if not kinds:
+            _check_kind_typo(stack, str(name), value)
+            continue
+        for kind in kinds:
+            instances[kind].add(str(name))
+        if len(value) != 1:
+            found = ", ".join(str(key) for key in value)
+            stack.problems.append(
+                f"{name}: a server instance holds exactly one server kind, found {found} "
+                f"(from {stack.origin(str(name))})"
+            )
+            continue
+        entry = _check_implementation(stack, str(name), kinds[0], value[kinds[0]])
+        if entry is not None:
+            entries.append(entry)
+    return entries, instances
+
+
+def _check_kind_typo(stack: _Stack, name: str, value: dict[Any, Any]) -> None:
+    """A single-key mapping shaped like a server whose key is close to a kind is almost surely a typo."""
+    if len(value) != 1:
+        return
+    ((key, inner),) = value.items()
+    if isinstance(inner, (dict, type(None))) and closest(str(key), SERVER_KINDS):
+        stack.problems.append(
+            f"{name}: " + describe_unknown("server kind", str(key), SERVER_KINDS, stack.origin(name))
+        )
+
+
+def _check_implementation(stack: _Stack, name: str, kind: str, impls: Any) -> _Entry | None:
+    path = f"{name}.{kind}"
+    origin = stack.origin(path)
+    if not isinstance(impls, dict) or len(impls) != 1:
+        found = ", ".join(str(key) for key in impls) if isinstance(impls, dict) and impls else "none"
+        stack.problems.append(f"{path}: expected exactly one implementation, found {found} (from {origin})")
+        return None
+    ((implementation, inner),) = impls.items()
+    implementation = str(implementation)
+    if inner is not None and not isinstance(inner, dict):
+        stack.problems.append(
+            f"{path}.{implementation}: server config must be a mapping, not {type(inner).__name__} "
+            f"(from {stack.origin(f'{path}.{implementation}')})"
+        )
+    try:
+        directory: Path | None = catalog.find_implementation_dir(kind, implementation)
+    except ConfigError:
+        directory = None
+        stack.problems.append(
+            f"{path}: " + catalog.describe_missing_implementation(kind, implementation, origin)
+        )
+    return _Entry(name, kind, implementation, directory)
+
+
+def _check_references(stack: _Stack, entry: _Entry, inner: Any, instances: dict[str, set[str]]) -> None:
+    prefix = f"{entry.name}.{entry.kind}.{entry.implementation}"
+    for key, kind, name in _references(inner, prefix):
+        if kind is _UNRESOLVED or name is _UNRESOLVED:
+            continue
+        origin = stack.origin(f"{key}.name")
+        if kind not in SERVER_KINDS:
+            message = describe_unknown("server kind", str(kind), SERVER_KINDS, stack.origin(f"{key}.type"))
+            stack.problems.append(f"{key}: reference to {message}")
+        elif name not in instances[kind]:
+            stack.problems.append(
+                f"{key}: " + describe_unknown(f"{kind} server", str(name), instances[kind], origin)
+            )
+
+
+# ------------------------------------------------------------------------------------------- public
+
+
+def _read_inputs(
+    paths: Sequence[Path], overrides: Sequence[str], env_files: Sequence[Path]
+) -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, str, Any, bool]], list[str]]:
+    """Parse files and overrides; any failure here stops loading since the merged view would be wrong."""
+    problems: list[str] = []
+    files: list[tuple[str, dict[str, Any]]] = []
+    for path in [*env_files, *paths]:
+        data = _load_file(Path(path), problems)
+        if data is not None:
+            files.append((_display(Path(path)), data))
+    parsed: list[tuple[str, str, Any, bool]] = []
+    for text in overrides:
+        try:
+            parsed.append((text, *parse_override(text)))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    return files, parsed, problems
+
+
+def load_config(
+    paths: Sequence[Path], overrides: Sequence[str] = (), env_files: Sequence[Path] | None = None
+) -> StackConfig:
+    """Merge env.yaml files, then ``paths`` in order, then overrides; check everything; resolve.
+
+    Raises one ``ConfigError`` carrying every problem found. ``env_files`` defaults to the env.yaml
+    files of the project root and the working directory.
+    """
+    env = catalog.env_yaml_paths() if env_files is None else list(env_files)
+    files, parsed, problems = _read_inputs(paths, overrides, env)
+    if problems:
+        raise ConfigError(problems)
+    stack = _Stack(OmegaConf.create({}), _Provenance(), [])
+    _merge_files(stack, files)
+    _apply_overrides(stack, parsed)
+    raw = stack.raw()
+    entries, instances = _classify(stack, raw)
+    scanned = _scan_values(stack, stack.merged, "", raw)
+    for entry in entries:
+        inner = scanned[entry.name][entry.kind][entry.implementation]
+        _check_references(stack, entry, inner, instances)
+    if stack.problems:
+        raise ConfigError(stack.problems)
+    return _build(stack, entries, [source for source, _ in files])
+
+
+def _build(stack: _Stack, entries: list[_Entry], sources: list[str]) -> StackConfig:
+    resolved: dict[str, Any] = OmegaConf.to_container(stack.merged, resolve=True)  # type: ignore[assignment]
+    by_name = {entry.name: entry for entry in entries}
+    servers: dict[str, ServerSpec] = {}
+    global_values: dict[str, Any] = {}
+    for name, value in resolved.items():
+        entry = by_name.get(str(name))
+        if entry is None:
+            global_values[str(name)] = value
+            continue
+        assert entry.directory is not None  # a missing directory was reported as a problem
+        servers[entry.name] = ServerSpec(
+            name=entry.name,
+            kind=entry.kind,
+            implementation=entry.implementation,
+            config=value[entry.kind][entry.implementation] or {},
+            source=stack.origin(entry.name),
+            directory=entry.directory,
+        )
+    return StackConfig(servers=servers, globals=global_values, sources=sources)

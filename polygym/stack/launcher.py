@@ -1,0 +1,333 @@
+"""Placing servers: the launcher brings a stack up, watches it, and takes it down.
+
+A stack is the head server plus every server of a config. Backends decide *where* servers run;
+the rest of polygym only knows names. Two backends exist:
+
+* ``inline``: every server in this process and event loop, each on its own socket, and calls
+  between them bypass the socket. Fastest to start and cheapest per call; one core.
+* ``subprocess``: one OS process per server, for isolation and more cores. A server that dies is
+  reported by name with the tail of its log, and the rest of the stack is stopped.
+
+A backend implements ``start`` / ``wait_failure`` / ``stop`` (``Backend`` below), which is all a
+Ray backend would need: servers never learn how they were placed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+import psutil
+
+from polygym.net.client import ServerClient
+from polygym.net.listen import AppServer, PortInUseError, bind_socket
+from polygym.stack import records as stacks
+from polygym.stack.config import ServerSpec, StackConfig
+from polygym.stack.head import Registry, head_app
+from polygym.stack.loader import build_server
+
+DEFAULT_HEAD_PORT = 11000
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 5.0
+LOG_TAIL_LINES = 20
+
+
+class LaunchError(RuntimeError):
+    """The stack could not start, or a server died; the message says which and why."""
+
+
+@dataclass
+class ServerFailure:
+    name: str
+    message: str
+
+
+@dataclass
+class RunningServer:
+    name: str
+    kind: str
+    implementation: str
+    url: str
+    pid: int
+    log_path: str | None = None
+
+
+class Backend(Protocol):
+    name: str
+
+    async def start(
+        self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str
+    ) -> None: ...
+
+    async def wait_failure(self) -> ServerFailure: ...
+
+    async def stop(self) -> None: ...
+
+
+class InlineBackend:
+    """All servers in this process; a shared client routes calls between them in-process."""
+
+    name = "inline"
+
+    def __init__(self, pool_size: int = 1024) -> None:
+        self.client: ServerClient | None = None
+        self.pool_size = pool_size
+        self._servers: list[tuple[str, AppServer]] = []
+
+    async def start(self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str) -> None:
+        self.client = ServerClient(head_url, pool_size=self.pool_size)
+        built = [(spec, build_server(spec, self.client)) for spec in specs]
+        for spec, server in built:
+            self.client.add_local(spec.name, server.app, server.dispatch)
+        for spec, server in built:
+            app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
+            await app_server.start()
+            self._servers.append((spec.name, app_server))
+            entry = RunningServer(spec.name, spec.kind, spec.implementation, app_server.url, os.getpid())
+            registry.register(asdict(entry))
+            self.client.set_address(spec.name, app_server.url)
+
+    async def wait_failure(self) -> ServerFailure:
+        tasks = {asyncio.ensure_future(s.task): name for name, s in self._servers if s.task is not None}
+        if not tasks:
+            await asyncio.Event().wait()
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        task = next(iter(done))
+        error = task.exception() if not task.cancelled() else None
+        return ServerFailure(tasks[task], f"stopped serving: {error!r}" if error else "stopped serving")
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(s.stop() for _, s in self._servers), return_exceptions=True)
+        self._servers.clear()
+        if self.client is not None:
+            await self.client.close()
+
+
+class SubprocessBackend:
+    """One ``python -m polygym.stack.serve`` process per server; the full config goes over stdin."""
+
+    name = "subprocess"
+
+    def __init__(self) -> None:
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.logs: dict[str, Path] = {}
+
+    async def start(self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str) -> None:
+        log_dir = stacks.logs_dir(stack_id)
+        for spec in specs:
+            await self._spawn(spec, head_url, log_dir)
+        await self._wait_registered(specs, registry)
+
+    async def restart(self, spec: ServerSpec, registry: Registry, head_url: str, stack_id: str) -> None:
+        """Start a fresh process for a server that died; callers re-resolve its new address."""
+        old = self.procs.get(spec.name)
+        if old is not None and old.returncode is None:
+            raise LaunchError(f"server '{spec.name}' is still running (pid {old.pid})")
+        registry.entries.pop(spec.name, None)
+        await self._spawn(spec, head_url, stacks.logs_dir(stack_id))
+        await self._wait_registered([spec], registry)
+
+    async def _spawn(self, spec: ServerSpec, head_url: str, log_dir: Path) -> None:
+        log_path = log_dir / f"{spec.name}.log"
+        self.logs[spec.name] = log_path
+        with log_path.open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "polygym.stack.serve",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=log,
+                stderr=log,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        payload = {"spec": _spec_to_dict(spec), "head_url": head_url, "parent_pid": os.getpid()}
+        assert proc.stdin is not None
+        proc.stdin.write(orjson.dumps(payload))
+        proc.stdin.close()
+        self.procs[spec.name] = proc
+
+    async def _wait_registered(self, specs: list[ServerSpec], registry: Registry) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        waiting = {s.name for s in specs}
+        while waiting - registry.entries.keys():
+            for name in sorted(waiting):
+                proc = self.procs[name]
+                if proc.returncode is not None:
+                    raise LaunchError(self.describe_death(name, proc.returncode, "while starting"))
+            if time.monotonic() > deadline:
+                late = ", ".join(sorted(waiting - registry.entries.keys()))
+                raise LaunchError(f"timed out after {START_TIMEOUT_S:g}s waiting for: {late}")
+            await registry.wait_changed(0.05)
+
+    def describe_death(self, name: str, returncode: int, when: str = "") -> str:
+        pid = self.procs[name].pid
+        how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+        return f"server '{name}' (pid {pid}) {how}{' ' + when if when else ''}.\n{self.log_tail(name)}"
+
+    def log_tail(self, name: str) -> str:
+        path = self.logs.get(name)
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:] if path else []
+        except OSError:
+            lines = []
+        body = "\n".join(f"    {line}" for line in lines) or "    (log is empty)"
+        return f"  last lines of {path}:\n{body}"
+
+    async def wait_failure(self) -> ServerFailure:
+        waits = {asyncio.ensure_future(p.wait()): name for name, p in self.procs.items()}
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        name = waits[next(iter(done))]
+        return ServerFailure(name, self.describe_death(name, self.procs[name].returncode or 0))
+
+    async def stop(self) -> None:
+        """SIGTERM everything we started, then SIGKILL what has not exited by the deadline."""
+        alive = [p for p in self.procs.values() if p.returncode is None]
+        for proc in alive:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in alive)), STOP_TIMEOUT_S)
+        except TimeoutError:
+            for proc in alive:
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+            await asyncio.gather(*(p.wait() for p in alive))
+
+    def pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in self.procs.items()}
+
+
+def _spec_to_dict(spec: ServerSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "kind": spec.kind,
+        "implementation": spec.implementation,
+        "config": spec.config,
+        "source": spec.source,
+        "directory": str(spec.directory),
+    }
+
+
+def spec_from_dict(data: dict[str, Any]) -> ServerSpec:
+    return ServerSpec(
+        name=data["name"],
+        kind=data["kind"],
+        implementation=data["implementation"],
+        config=data["config"],
+        source=data["source"],
+        directory=Path(data["directory"]),
+    )
+
+
+BACKENDS = {"inline": InlineBackend, "subprocess": SubprocessBackend}
+
+
+class Stack:
+    """A running stack: head server + backend + the record other terminals read."""
+
+    def __init__(
+        self,
+        config: StackConfig,
+        backend: str = "inline",
+        head_host: str = "127.0.0.1",
+        head_port: int | None = None,
+        record: bool = True,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise LaunchError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
+        self.config = config
+        self.backend: InlineBackend | SubprocessBackend = BACKENDS[backend]()
+        self.head_host = head_host
+        self.head_port = head_port
+        self.record = record
+        self.stack_id = stacks.new_stack_id()
+        self.registry = Registry()
+        self.head: AppServer | None = None
+        self.started_in_s = 0.0
+
+    @property
+    def head_url(self) -> str:
+        assert self.head is not None
+        return self.head.url
+
+    def _bind_head(self) -> Any:
+        """The requested port, or DEFAULT_HEAD_PORT falling back to any free port if taken."""
+        if self.head_port is not None:
+            try:
+                return bind_socket(self.head_host, self.head_port)
+            except PortInUseError as exc:
+                raise LaunchError(f"head server: {exc}; pick another --head-port or 0 for any") from exc
+        try:
+            return bind_socket(self.head_host, DEFAULT_HEAD_PORT)
+        except PortInUseError:
+            return bind_socket(self.head_host, 0)
+
+    async def start(self) -> None:
+        """Start head then every server; on any failure, stop what started and raise."""
+        began = time.perf_counter()
+        self.head = AppServer(
+            head_app(self.registry, self.config.to_dict(mask_secrets=True), self.stack_id), self._bind_head()
+        )
+        await self.head.start()
+        try:
+            await self.backend.start(
+                list(self.config.servers.values()), self.registry, self.head_url, self.stack_id
+            )
+        except BaseException:
+            await self.stop()
+            raise
+        self.started_in_s = time.perf_counter() - began
+        if self.record:
+            stacks.write_stack(self.describe())
+
+    def servers(self) -> list[dict[str, Any]]:
+        return [self.registry.entries[name] for name in self.config.servers if name in self.registry.entries]
+
+    def describe(self) -> dict[str, Any]:
+        proc = psutil.Process()
+        return {
+            "stack_id": self.stack_id,
+            "pid": os.getpid(),
+            "process_started_at": proc.create_time(),
+            "started_at": time.time(),
+            "head_url": self.head_url,
+            "backend": self.backend.name,
+            "servers": self.servers(),
+            "log_dir": str(stacks.state_dir() / "logs" / self.stack_id),
+        }
+
+    @property
+    def client(self) -> ServerClient | None:
+        """The in-process client when servers run inline (calls bypass sockets)."""
+        return self.backend.client if isinstance(self.backend, InlineBackend) else None
+
+    async def wait_failure(self) -> ServerFailure:
+        return await self.backend.wait_failure()
+
+    async def restart(self, name: str) -> None:
+        """Restart one dead server of a subprocess stack (the others keep running)."""
+        if not isinstance(self.backend, SubprocessBackend):
+            raise LaunchError(f"restarting a server needs the subprocess backend, not {self.backend.name}")
+        await self.backend.restart(self.config.servers[name], self.registry, self.head_url, self.stack_id)
+        if self.record:
+            stacks.write_stack(self.describe())
+
+    async def stop(self) -> None:
+        try:
+            await self.backend.stop()
+        finally:
+            if self.head is not None:
+                await self.head.stop()
+            if self.record:
+                stacks.remove_stack(self.stack_id)

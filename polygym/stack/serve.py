@@ -1,0 +1,86 @@
+"""Entry point of one server process of the subprocess backend (``python -m polygym.stack.serve``).
+
+The launcher writes ``{"spec", "head_url", "parent_pid"}`` as JSON on stdin — on stdin rather than
+argv or a file, because the spec holds secrets (API keys) that must not show in ``ps`` or on disk.
+The process binds a free loopback port, registers its real address with the head server, serves
+until SIGTERM/SIGINT, and exits by itself if its launcher disappears (a ``kill -9`` of
+``gym env start`` must not leave orphans serving forever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import orjson
+
+from polygym.net.client import ServerClient
+from polygym.net.listen import AppServer, bind_socket
+from polygym.net.retry import RetryPolicy
+from polygym.stack.launcher import spec_from_dict
+from polygym.stack.loader import build_server
+
+PARENT_POLL_S = 0.5
+
+
+async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        if os.getppid() != parent_pid:
+            logging.getLogger("polygym.stack.serve").warning("launcher %s is gone; shutting down", parent_pid)
+            stop.set()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), PARENT_POLL_S)
+
+
+async def serve(payload: dict[str, Any]) -> None:
+    spec = spec_from_dict(payload["spec"])
+    client = ServerClient(payload["head_url"], pool_size=int(spec.config.get("pool_size", 1024)))
+    server = build_server(spec, client)
+    client.add_local(spec.name, server.app, server.dispatch)
+    app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
+    await app_server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    entry = {
+        "name": spec.name,
+        "kind": spec.kind,
+        "implementation": spec.implementation,
+        "url": app_server.url,
+        "pid": os.getpid(),
+    }
+    reply = await client.request_url(
+        "POST", f"{payload['head_url']}/register", entry, retry=RetryPolicy(attempts=5)
+    )
+    if reply.status != 200:
+        raise RuntimeError(f"head server refused registration: {reply.status} {reply.body[:500]!r}")
+    print(f"{spec.name} serving on {app_server.url}", flush=True)
+    watcher = asyncio.create_task(_watch_parent(int(payload["parent_pid"]), stop))
+    served = app_server.task
+    assert served is not None
+    await asyncio.wait([asyncio.ensure_future(stop.wait()), served], return_when=asyncio.FIRST_COMPLETED)
+    watcher.cancel()
+    await app_server.stop()
+    await client.close()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    payload = orjson.loads(sys.stdin.buffer.read())
+    try:
+        import uvloop
+
+        uvloop.run(serve(payload))
+    except ImportError:
+        asyncio.run(serve(payload))
+
+
+if __name__ == "__main__":
+    main()

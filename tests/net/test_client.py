@@ -1,0 +1,112 @@
+"""ServerClient: retries on transient errors only, timeouts, name resolution through the head."""
+
+import asyncio
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from polygym.net.client import ServerCallError, ServerClient, UnknownServerError
+from polygym.net.listen import AppServer, bind_socket
+from polygym.net.retry import RetryPolicy
+from polygym.stack.head import Registry, head_app
+
+FAST = RetryPolicy(attempts=3, base_delay_s=0.001, max_delay_s=0.01)
+
+
+def flaky_app(fail_times: int, status: int) -> tuple[Starlette, list[int]]:
+    calls: list[int] = []
+
+    async def endpoint(request: Request) -> JSONResponse:
+        calls.append(1)
+        if len(calls) <= fail_times:
+            return JSONResponse({"error": {"type": "x", "message": "boom"}}, status_code=status)
+        return JSONResponse({"ok": True, "n": len(calls)})
+
+    async def slow(request: Request) -> JSONResponse:
+        await asyncio.sleep(5)
+        return JSONResponse({})
+
+    return Starlette(
+        routes=[Route("/x", endpoint, methods=["POST"]), Route("/slow", slow, methods=["POST"])]
+    ), calls
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+async def test_transient_status_is_retried(in_process: bool) -> None:
+    app, calls = flaky_app(2, 503)
+    client = ServerClient()
+    server = AppServer(app, bind_socket())
+    await server.start()
+    try:
+        if in_process:
+            client.add_local("s", app)
+        else:
+            client.set_address("s", server.url)
+        reply = await client.call("s", "/x", {}, retry=FAST)
+        assert reply.json() == {"ok": True, "n": 3}
+        assert len(calls) == 3
+    finally:
+        await server.stop()
+        await client.close()
+
+
+async def test_server_error_is_not_retried() -> None:
+    app, calls = flaky_app(5, 500)
+    client = ServerClient()
+    client.add_local("s", app)
+    with pytest.raises(ServerCallError) as info:
+        await client.call("s", "/x", {}, retry=FAST)
+    assert info.value.status == 500 and info.value.error_class == "HTTP 500"
+    assert "boom" in str(info.value)
+    assert len(calls) == 1
+
+
+async def test_connection_refused_fails_after_bounded_retries() -> None:
+    sock = bind_socket()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    client = ServerClient()
+    client.set_address("gone", url)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(ServerCallError) as info:
+        await client.call("gone", "/x", {}, retry=FAST)
+    assert info.value.status is None
+    assert loop.time() - began < 5
+    await client.close()
+
+
+async def test_timeout_is_reported() -> None:
+    app, _ = flaky_app(0, 200)
+    client = ServerClient()
+    client.add_local("s", app)
+    with pytest.raises(ServerCallError) as info:
+        await client.call("s", "/slow", {}, timeout_s=0.05)
+    assert info.value.error_class == "Timeout"
+
+
+async def test_names_resolve_through_head_registry() -> None:
+    app, _ = flaky_app(0, 200)
+    target = AppServer(app, bind_socket())
+    registry = Registry()
+    head = AppServer(head_app(registry, {"policy_api_key": "****"}, "stack-x"), bind_socket())
+    await target.start()
+    await head.start()
+    client = ServerClient(head.url)
+    try:
+        registry.register(
+            {"name": "policy", "kind": "resources_servers", "implementation": "x", "url": target.url}
+        )
+        assert (await client.call("policy", "/x", {})).json()["ok"] is True
+        with pytest.raises(UnknownServerError) as info:
+            await client.call("polcy", "/x", {})
+        assert "unknown server 'polcy'" in str(info.value) and "Did you mean 'policy'" in str(info.value)
+        config = (await client.request_url("GET", head.url + "/config")).json()
+        assert config == {"policy_api_key": "****"}
+    finally:
+        await client.close()
+        await target.stop()
+        await head.stop()

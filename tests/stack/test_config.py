@@ -1,0 +1,411 @@
+"""Config loading: merging, selectors, interpolation, overrides, problem reports and secret masking."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from polygym.stack import catalog
+from polygym.stack.config import (
+    ConfigError,
+    ServerSpec,
+    StackConfig,
+    load_config,
+    mask_secrets,
+    parse_override,
+)
+
+RESOURCES = """\
+weather:
+  resources_servers:
+    weather_env:
+      entrypoint: app.py
+      domain: agent
+      description: Weather lookup with one tool
+weather_simple_agent:
+  responses_api_agents:
+    simple_agent:
+      entrypoint: app.py
+      resources_server: {type: resources_servers, name: weather}
+      model_server: {type: responses_api_models, name: policy_model}
+      datasets:
+      - {name: example, type: example, jsonl_fpath: resources_servers/weather_env/data/example.jsonl}
+"""
+
+MODEL = """\
+policy_model:
+  responses_api_models:
+    openai_model:
+      entrypoint: app.py
+      openai_base_url: ${policy_base_url}
+      openai_api_key: ${policy_api_key}
+      openai_model: ${policy_model_name}
+      max_tokens: 256
+"""
+
+ENV = """\
+policy_base_url: http://localhost:8000/v1
+policy_api_key: sk-secret-123
+policy_model_name: tiny
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory with fake implementation folders that the catalog finds via the cwd root."""
+    monkeypatch.chdir(tmp_path)
+    for kind, impl in [
+        ("resources_servers", "weather_env"),
+        ("resources_servers", "math_env"),
+        ("responses_api_agents", "simple_agent"),
+        ("responses_api_models", "openai_model"),
+    ]:
+        folder = tmp_path / kind / impl
+        (folder / "configs").mkdir(parents=True)
+        (folder / "app.py").write_text("")
+    return tmp_path
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def load(paths: list[Path], overrides: list[str] = (), env: list[Path] | None = None) -> StackConfig:
+    """Load with an explicit env list so the real project's env.yaml never leaks into a test."""
+    return load_config(paths, overrides, env_files=[] if env is None else env)
+
+
+def problems_of(excinfo: pytest.ExceptionInfo[ConfigError]) -> list[str]:
+    return excinfo.value.problems
+
+
+# ------------------------------------------------------------------------------------------- merging
+
+
+def test_full_stack_loads_with_env_interpolation(project: Path) -> None:
+    files = [write(project / "model.yaml", MODEL), write(project / "res.yaml", RESOURCES)]
+    env = write(project / "env.yaml", ENV)
+    stack = load_config(files, env_files=None)  # default env files: the cwd's env.yaml is found
+
+    assert list(stack.servers) == ["policy_model", "weather", "weather_simple_agent"]
+    model = stack.servers["policy_model"].config
+    assert model["openai_base_url"] == "http://localhost:8000/v1"
+    assert model["openai_api_key"] == "sk-secret-123"
+    assert model["openai_model"] == "tiny"
+    assert stack.globals == {
+        "policy_base_url": "http://localhost:8000/v1",
+        "policy_api_key": "sk-secret-123",
+        "policy_model_name": "tiny",
+    }
+    assert stack.sources == ["env.yaml", "model.yaml", "res.yaml"]
+    assert env.exists()
+
+
+def test_later_file_wins_and_dicts_merge_deeply(project: Path) -> None:
+    first = write(project / "a.yaml", RESOURCES)
+    second = write(
+        project / "b.yaml",
+        "weather:\n  resources_servers:\n    weather_env:\n      domain: knowledge\n      extra: 1\n",
+    )
+    model = write(project / "model.yaml", MODEL)
+    stack = load([model, first, second], env=[write(project / "env.yaml", ENV)])
+
+    weather = stack.servers["weather"]
+    assert weather.config["domain"] == "knowledge"  # later wins
+    assert weather.config["description"] == "Weather lookup with one tool"  # kept from the first file
+    assert weather.config["extra"] == 1
+    assert weather.source == "b.yaml"
+    assert stack.servers["weather_simple_agent"].source == "a.yaml"
+
+
+def test_required_value_in_later_file_does_not_erase_earlier_value(project: Path) -> None:
+    first = write(project / "a.yaml", "limit: 5\n")
+    second = write(project / "b.yaml", "limit: ???\n")
+    assert load([first, second]).globals["limit"] == 5
+
+
+def test_repeated_selectors_are_all_merged(project: Path) -> None:
+    for name in ("weather_env", "math_env"):
+        write(
+            project / "resources_servers" / name / "configs" / f"{name}.yaml",
+            f"{name}_instance:\n  resources_servers:\n    {name}:\n      domain: {name}\n",
+        )
+    write(project / "responses_api_models" / "openai_model" / "configs" / "openai_model.yaml", MODEL)
+    extra = write(project / "extra.yaml", "note: hello\n")
+
+    paths = catalog.selector_paths(["weather_env", "math_env"], ["openai_model"], ["extra.yaml"])
+    assert [p.name for p in paths] == ["openai_model.yaml", "weather_env.yaml", "math_env.yaml", "extra.yaml"]
+    assert paths[-1].resolve() == extra.resolve()
+
+    stack = load(paths, env=[write(project / "env.yaml", ENV)])
+    assert [s.name for s in stack.by_kind("resources_servers")] == [
+        "weather_env_instance",
+        "math_env_instance",
+    ]
+    assert [s.name for s in stack.by_kind("responses_api_models")] == ["policy_model"]
+    assert stack.globals["note"] == "hello"
+
+
+def test_selector_problems_are_reported_together(project: Path) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        catalog.selector_paths(["wether_env"], ["openai_modle"], ["nope.yaml"])
+    problems = problems_of(excinfo)
+    assert len(problems) == 3
+    assert "Did you mean 'openai_model'?" in problems[0]
+    assert "Did you mean 'weather_env'?" in problems[1]
+    assert "math_env" in problems[1]  # the known list
+    assert "nope.yaml" in problems[2] and "not found" in problems[2]
+
+
+def test_catalog_lists_and_finds_implementations(project: Path) -> None:
+    (project / "resources_servers" / "__pycache__").mkdir()
+    (project / "resources_servers" / "_private").mkdir()
+    names = catalog.list_implementations("resources_servers")  # also holds the project's own servers
+    assert {"math_env", "weather_env"} <= set(names)
+    assert names == sorted(names)
+    assert not {"__pycache__", "_private"} & set(names)
+    assert (
+        catalog.find_implementation_dir("resources_servers", "math_env")
+        == project / "resources_servers" / "math_env"
+    )
+    with pytest.raises(ConfigError, match="Did you mean 'math_env'"):
+        catalog.find_implementation_dir("resources_servers", "math_envv")
+
+
+def test_env_yaml_paths_finds_cwd_file(project: Path) -> None:
+    assert catalog.env_yaml_paths() == [] or all(p.name == "env.yaml" for p in catalog.env_yaml_paths())
+    write(project / "env.yaml", ENV)
+    assert catalog.env_yaml_paths()[-1].resolve() == (project / "env.yaml").resolve()
+
+
+# ----------------------------------------------------------------------------------------- overrides
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a.b=3", ("a.b", 3, False)),
+        ("+a.b=x", ("a.b", "x", True)),
+        ("a=[1, 2]", ("a", [1, 2], False)),
+        ("a={x: 1}", ("a", {"x": 1}, False)),
+        ("a=true", ("a", True, False)),
+        ("a=http://h:8000/v1", ("a", "http://h:8000/v1", False)),
+        ("a=x: y", ("a", "x: y", False)),
+        ("a=", ("a", "", False)),
+        ("a=${policy_base_url}", ("a", "${policy_base_url}", False)),
+    ],
+)
+def test_parse_override(text: str, expected: tuple[str, object, bool]) -> None:
+    assert parse_override(text) == expected
+
+
+@pytest.mark.parametrize("text", ["novalue", "=3", "a..b=1", "a=[1,"])
+def test_parse_override_rejects_malformed(text: str) -> None:
+    with pytest.raises(ConfigError, match="bad override"):
+        parse_override(text)
+
+
+def test_command_line_override_and_add(project: Path) -> None:
+    files = [write(project / "model.yaml", MODEL), write(project / "res.yaml", RESOURCES)]
+    stack = load(
+        files,
+        [
+            "policy_base_url=http://remote:9000/v1",  # referenced by ${...}: allowed without +
+            "policy_api_key=sk-cli",
+            "policy_model_name=big",
+            "weather.resources_servers.weather_env.domain=math",
+            "+weather.resources_servers.weather_env.new_key=[1, 2]",
+        ],
+    )
+    model = stack.servers["policy_model"].config
+    assert model["openai_base_url"] == "http://remote:9000/v1"
+    assert model["openai_api_key"] == "sk-cli"
+    weather = stack.servers["weather"].config
+    assert weather["domain"] == "math"
+    assert weather["new_key"] == [1, 2]
+
+
+def test_unknown_override_key_suggests_close_key(project: Path) -> None:
+    files = [write(project / "res.yaml", RESOURCES)]
+    with pytest.raises(ConfigError) as excinfo:
+        load(files, ["weather.resources_servers.weather_env.domian=x", "+fresh=1", "policy_model=x"])
+    problems = problems_of(excinfo)
+    assert problems[0] == (
+        "unknown key 'weather.resources_servers.weather_env.domian' in override "
+        "'weather.resources_servers.weather_env.domian=x'; use "
+        "+weather.resources_servers.weather_env.domian=x to add it. "
+        "Did you mean 'weather.resources_servers.weather_env.domain'?"
+    )
+    # +fresh was accepted; the only other complaint is the unknown model reference, not the override
+    assert not any("fresh" in p for p in problems)
+
+
+# ---------------------------------------------------------------------------------- problem reports
+
+
+def test_all_missing_values_reported_together_with_files(project: Path) -> None:
+    first = write(project / "one.yaml", "alpha: ???\n")
+    second = write(
+        project / "two.yaml",
+        "weather:\n  resources_servers:\n    weather_env:\n      domain: ???\n",
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load([first, second])
+    problems = problems_of(excinfo)
+    assert "alpha: missing required value (from one.yaml)" in problems
+    assert "weather.resources_servers.weather_env.domain: missing required value (from two.yaml)" in problems
+    assert str(excinfo.value).startswith("2 config problems:\n  - ")
+
+
+def test_unset_interpolation_names_key_and_fix(project: Path) -> None:
+    files = [write(project / "model.yaml", MODEL)]
+    env = write(project / "env.yaml", "policy_base_url: http://x/v1\npolicy_model_name: m\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load(files, env=[env])
+    assert problems_of(excinfo) == [
+        "policy_model.responses_api_models.openai_model.openai_api_key: needs '${policy_api_key}', which "
+        "is not set; add policy_api_key to env.yaml or pass policy_api_key=... (from model.yaml)"
+    ]
+
+
+def test_bad_yaml_names_file_and_line(project: Path) -> None:
+    good = write(project / "good.yaml", "a: 1\n")
+    bad = write(project / "bad.yaml", "a: 1\nb: [1, 2\nc: 3\n")
+    not_mapping = write(project / "list.yaml", "- 1\n- 2\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load([good, bad, not_mapping])
+    problems = problems_of(excinfo)
+    assert len(problems) == 2
+    assert problems[0].startswith("bad.yaml:3:")
+    assert "invalid YAML" in problems[0]
+    assert problems[1].startswith("list.yaml: the top level must be a mapping")
+
+
+def test_unknown_reference_suggests_and_lists_known(project: Path) -> None:
+    files = [write(project / "model.yaml", MODEL), write(project / "res.yaml", RESOURCES)]
+    typo = write(
+        project / "typo.yaml",
+        "weather_simple_agent:\n  responses_api_agents:\n    simple_agent:\n"
+        "      model_server: {type: responses_api_models, name: policy_modle}\n",
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load([*files, typo], env=[write(project / "env.yaml", ENV)])
+    assert problems_of(excinfo) == [
+        "weather_simple_agent.responses_api_agents.simple_agent.model_server: unknown responses_api_models "
+        "server 'policy_modle' (from typo.yaml). Did you mean 'policy_model'? Known: policy_model"
+    ]
+
+
+def test_reference_with_bad_kind(project: Path) -> None:
+    cfg = write(
+        project / "c.yaml",
+        "agent:\n  responses_api_agents:\n    simple_agent:\n"
+        "      model_server: {type: response_api_models, name: m}\n",
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load([cfg])
+    (problem,) = problems_of(excinfo)
+    assert "reference to unknown server kind 'response_api_models'" in problem
+    assert "Did you mean 'responses_api_models'?" in problem
+
+
+def test_unknown_implementation_and_kind_and_shape(project: Path) -> None:
+    cfg = write(
+        project / "c.yaml",
+        "a:\n  resources_servers:\n    wether_env: {domain: x}\n"
+        "b:\n  resource_servers:\n    weather_env: {}\n"
+        "c:\n  resources_servers:\n    weather_env: {}\n    math_env: {}\n"
+        "settings:\n  retries: 3\n",
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load([cfg])
+    problems = problems_of(excinfo)
+    assert len(problems) == 3
+    assert problems[0].startswith(
+        "a.resources_servers: unknown resources_servers implementation 'wether_env'"
+    )
+    assert "Did you mean 'weather_env'?" in problems[0]
+    assert "(from c.yaml)" in problems[0]
+    assert problems[1].startswith("b: unknown server kind 'resource_servers'")
+    assert "Did you mean 'resources_servers'?" in problems[1]
+    assert problems[2].startswith("c.resources_servers: expected exactly one implementation")
+
+
+def test_override_provenance_is_command_line(project: Path) -> None:
+    cfg = write(project / "c.yaml", "x: 1\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load([cfg], ["x=???"])
+    assert problems_of(excinfo) == ["x: missing required value (from command line)"]
+
+
+def test_config_error_survives_pickling() -> None:
+    error = pickle.loads(pickle.dumps(ConfigError(["one", "two"])))
+    assert error.problems == ["one", "two"]
+    assert str(error) == "2 config problems:\n  - one\n  - two"
+
+
+# -------------------------------------------------------------------------------------------- secrets
+
+
+def test_masking_hides_secrets_but_not_token_counts() -> None:
+    data = {
+        "openai_api_key": "sk-123",
+        "max_tokens": 256,
+        "max_output_tokens": "512",
+        "tokenizer": "Qwen/Qwen3-0.6B",
+        "hf_token": "hf_abc",
+        "nested": [{"clientSecret": "s"}, {"password": ""}],
+        "secrets": {"db": "pw"},
+    }
+    masked = mask_secrets(data)
+    assert masked == {
+        "openai_api_key": "****",
+        "max_tokens": 256,
+        "max_output_tokens": "512",
+        "tokenizer": "Qwen/Qwen3-0.6B",
+        "hf_token": "****",
+        "nested": [{"clientSecret": "****"}, {"password": ""}],
+        "secrets": {"db": "****"},
+    }
+    assert data["openai_api_key"] == "sk-123"  # a copy, not in place
+
+
+def test_to_dict_masks_by_default(project: Path) -> None:
+    files = [write(project / "model.yaml", MODEL), write(project / "res.yaml", RESOURCES)]
+    stack = load(files, env=[write(project / "env.yaml", ENV)])
+    shown = stack.to_dict()
+    inner = shown["policy_model"]["responses_api_models"]["openai_model"]
+    assert inner["openai_api_key"] == "****"
+    assert inner["max_tokens"] == 256
+    assert shown["policy_api_key"] == "****"
+    assert stack.to_dict(mask_secrets=False)["policy_api_key"] == "sk-secret-123"
+    assert stack.servers["policy_model"].config["openai_api_key"] == "sk-secret-123"
+
+
+# ---------------------------------------------------------------------------------------- ServerSpec
+
+
+def test_server_spec_fields_and_references(project: Path) -> None:
+    files = [write(project / "model.yaml", MODEL), write(project / "res.yaml", RESOURCES)]
+    stack = load(files, env=[write(project / "env.yaml", ENV)])
+    agent = stack.servers["weather_simple_agent"]
+    assert isinstance(agent, ServerSpec)
+    assert (agent.name, agent.kind, agent.implementation) == (
+        "weather_simple_agent",
+        "responses_api_agents",
+        "simple_agent",
+    )
+    assert agent.source == "res.yaml"
+    assert agent.directory == project / "responses_api_agents" / "simple_agent"
+    assert type(agent.config) is dict and type(agent.config["datasets"]) is list
+    assert agent.references() == [
+        ("resources_server", "resources_servers", "weather"),
+        ("model_server", "responses_api_models", "policy_model"),
+    ]
+    assert stack.servers["weather"].references() == []
+    with pytest.raises(ValueError, match="Did you mean 'resources_servers'"):
+        stack.by_kind("resource_servers")

@@ -1,0 +1,222 @@
+"""The remote-trainer path: a trainer's generation server is the vllm_model upstream of a running
+stack (`gym env start`, its own process), and the trainer pulls token-level rollouts over HTTP.
+
+The "trainer's generation server" is a fake vLLM-like upstream defined here: it renders chats to
+UTF-8 bytes (ChatML-like), answers deterministically, and returns vLLM's token fields
+(``prompt_token_ids``, ``choices[0].token_ids``, ``logprobs.content[i].logprob``). With ``drift``
+on it re-renders earlier assistant turns stripped of trailing whitespace, as some chat templates
+do, so the history no longer matches what was generated: the contiguity check must catch it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from polygym.blend.mix import parse_spec
+from polygym.blend.stepwise import ALL_ENVS
+from polygym.net.listen import AppServer, bind_socket
+from polygym.training.collector import TokenCollector
+from polygym.training.tokens import TokenRollout
+
+END = "<|end|>"
+SECRET = 2  # every game below hides 2 in 1..8; the fake policy guesses 1, then 2
+
+
+def render(messages: list[dict[str, Any]], drift: bool) -> str:
+    text = ""
+    for message in messages:
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if drift and message.get("role") == "assistant":
+            content = content.rstrip()
+        text += f"<|{message.get('role')}|>{content}{END}"
+    return text + "<|assistant|>"
+
+
+def answer(messages: list[dict[str, Any]]) -> str:
+    """mcqa: a boxed letter; the guessing game: guess 1, then 2 (with a trailing space)."""
+    first_user = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
+    if "A)" in str(first_user):
+        return "\\boxed{A}"
+    turns = sum(1 for m in messages if m.get("role") == "assistant")
+    return f"<guess>{turns + 1}</guess> "
+
+
+class FakeVLLM:
+    """A Chat Completions server on its own thread, speaking vLLM's token-id extensions."""
+
+    def __init__(self, drift: bool = False) -> None:
+        self.drift = drift
+        self.requests: list[dict[str, Any]] = []
+        self.sock = bind_socket("127.0.0.1", 0)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+        self.server = AppServer(app, self.sock)
+
+    @property
+    def url(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        return f"http://{host}:{port}/v1"
+
+    async def chat(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        self.requests.append(body)
+        messages = body["messages"]
+        text = answer(messages)
+        prompt = list(render(messages, self.drift).encode())
+        generated = list((text + END).encode())
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": "stop",
+        }
+        completion: dict[str, Any] = {"id": "x", "object": "chat.completion", "model": body["model"]}
+        if body.get("return_token_ids"):
+            completion["prompt_token_ids"] = prompt
+            choice["token_ids"] = generated
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [{"token": f"token_id:{t}", "logprob": -0.5} for t in generated]}
+        completion["choices"] = [choice]
+        completion["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(generated)}
+        return Response(orjson.dumps(completion), media_type="application/json")
+
+    def __enter__(self) -> FakeVLLM:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def game_rows(tmp_path: Path) -> Path:
+    path = tmp_path / "games.jsonl"
+    row = {
+        "responses_create_params": {"input": [{"role": "system", "content": "Guess the number."}]},
+        "game": {"low": 1, "high": 8, "secret": SECRET, "max_guesses": 3},
+    }
+    path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for _ in range(4)))
+    return path
+
+
+def blend(tmp_path: Path, games: Path) -> Any:
+    raw = {
+        "environments": [
+            {"name": "mcqa"},
+            {"name": "guess_number", "agent": "guess_number_gymnasium_agent", "train": [str(games)]},
+        ],
+        "prompts_per_step": 4,
+        "responses_per_prompt": 2,
+        "seed": 5,
+    }
+    return parse_spec(raw, "test", tmp_path)
+
+
+@pytest.fixture
+def remote_stack(start_stack: Callable[..., Any]) -> Iterator[Callable[[str], Any]]:
+    def start(upstream: str) -> Any:
+        return start_stack(
+            "--model-type",
+            "vllm_model",
+            "--resources-server",
+            "mcqa",
+            "--resources-server",
+            "guess_number",
+            f"policy_base_url={upstream}",
+            "policy_api_key=",
+            "policy_model_name=trainer-policy",
+        )
+
+    yield start
+
+
+def text_of(ids: list[int]) -> str:
+    return bytes(ids).decode()
+
+
+def check_game(rollout: TokenRollout) -> None:
+    """Two turns: guess 1 (too low), guess 2 (correct); only the guesses are trainable."""
+    assert rollout.num_turns == 2 and rollout.reward == 1.0
+    generated = bytes(t for t, m in zip(rollout.input_ids, rollout.loss_mask, strict=True) if m).decode()
+    assert generated == f"<guess>1</guess> {END}<guess>2</guess> {END}"
+    completion = text_of(rollout.completion_ids)
+    assert re.fullmatch(
+        rf"<guess>1</guess> {re.escape(END)}<\|user\|>1 is too low\..*{re.escape(END)}<\|assistant\|>"
+        rf"<guess>2</guess> {re.escape(END)}",
+        completion,
+        re.DOTALL,
+    ), completion
+    assert text_of(rollout.input_ids[: rollout.prompt_length]).endswith("<|assistant|>")
+    assert [lp for lp, m in zip(rollout.logprobs, rollout.loss_mask, strict=True) if m] == [-0.5] * sum(
+        rollout.loss_mask
+    )
+
+
+def test_trainer_pulls_token_rollouts_from_a_running_stack(
+    tmp_path: Path, game_rows: Path, remote_stack: Callable[[str], Any]
+) -> None:
+    with FakeVLLM() as upstream:
+        stack = remote_stack(upstream.url)
+        head_url = stack.record["head_url"]
+        with TokenCollector(
+            blend(tmp_path, game_rows), tmp_path / "remote.jsonl", head_url=head_url
+        ) as collector:
+            step = collector.step()
+    # vllm_model asked the trainer's server for token ids and log-probs on every call
+    assert upstream.requests and all(
+        r.get("return_token_ids") and r.get("logprobs") for r in upstream.requests
+    )
+    assert all(r["model"] == "trainer-policy" for r in upstream.requests)
+    assert step.step == 0 and len(step.rollouts) == 8
+    games = [r for r in step.rollouts if r.env == "guess_number"]
+    questions = [r for r in step.rollouts if r.env == "mcqa"]
+    assert len(games) == len(questions) == 4
+    for rollout in games:
+        assert rollout.contiguous and not rollout.masked
+        check_game(rollout)
+    for rollout in questions:
+        assert rollout.num_turns == 1 and rollout.contiguous and not rollout.masked
+        assert text_of(rollout.completion_ids) == f"\\boxed{{A}}{END}"
+        assert rollout.loss_mask[rollout.prompt_length :] == [1] * len(rollout.completion_ids)
+    stats = step.stats
+    assert stats["guess_number"].reward_mean == 1.0 and stats["guess_number"].turns_mean == 2
+    assert stats["guess_number"].masked == 0 and stats[ALL_ENVS].completed == 8
+    assert stats["mcqa"].realized_share == 0.5 and stats["mcqa"].groups == 2
+
+
+def test_retokenization_drift_is_flagged_per_environment(
+    tmp_path: Path, game_rows: Path, remote_stack: Callable[[str], Any]
+) -> None:
+    with FakeVLLM(drift=True) as upstream:
+        stack = remote_stack(upstream.url)
+        with TokenCollector(
+            blend(tmp_path, game_rows), tmp_path / "drift.jsonl", head_url=stack.record["head_url"]
+        ) as collector:
+            step = collector.step()
+    games = [r for r in step.rollouts if r.env == "guess_number"]
+    assert games and all(not r.contiguous and r.masked for r in games)
+    assert all(r.loss_mask == [0] * len(r.input_ids) for r in games)
+    assert all((r.problem or "").startswith("turn 1:") for r in games)
+    assert all(r.reward == 1.0 for r in games)  # the episode itself went fine
+    # single-turn episodes cannot drift: mcqa is untouched
+    assert all(r.contiguous and not r.masked for r in step.rollouts if r.env == "mcqa")
+    assert step.stats["guess_number"].non_contiguous == step.stats["guess_number"].masked == 4
+    assert step.stats["mcqa"].masked == 0 and step.stats[ALL_ENVS].masked == 4
+    assert step.metrics()["polygym/guess_number/masked"] == 4.0

@@ -1,0 +1,100 @@
+"""`gym train run` end to end with the tiny random policy: every phase runs and every file is written.
+
+Skipped without the training extra. The policy learns nothing here (it is random and trains two
+steps); the test checks the run's plumbing and files, the example run (README "Training") checks
+what training does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from click.testing import CliRunner
+
+from polygym.cli import gym
+from polygym.collect.run_files import iter_jsonl
+
+GAME = {
+    "responses_create_params": {"input": [{"role": "system", "content": "Guess."}], "max_output_tokens": 4},
+    "game": {"low": 1, "high": 4, "secret": 2, "max_guesses": 2},
+}
+
+
+def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
+    games = tmp_path / "games.jsonl"
+    games.write_text(json.dumps(GAME) + "\n")
+    spec = tmp_path / "blend.yaml"
+    spec.write_text(
+        "environments:\n"
+        "  mcqa: {}\n"
+        "  guess_number:\n"
+        "    agent: guess_number_gymnasium_agent\n"
+        "    train: games.jsonl\n"
+        "    validation: games.jsonl\n"
+        "prompts_per_step: 2\n"
+        "responses_per_prompt: 2\n"
+    )
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        gym,
+        [
+            "train",
+            "run",
+            str(spec),
+            "--output",
+            str(out),
+            "--model",
+            "tiny",
+            "--steps",
+            "2",
+            "--validation-limit",
+            "2",
+            "--max-output-tokens",
+            "4",
+            "--train-layers",
+            "1",
+            "--learning-rate",
+            "1e-3",
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    assert "validation before" in result.output and "step 1:" in result.output
+    lines = list(iter_jsonl(out / "train_log.jsonl"))
+    assert [(line["step"], line["env"]) for line in lines] == [
+        (s, env) for s in (0, 1) for env in ("mcqa", "guess_number", "_all")
+    ]
+    assert all(line["realized_share"] == 0.5 for line in lines if line["env"] != "_all")
+    trainer_log = list(iter_jsonl(out / "trainer_log.jsonl"))
+    assert any("polygym/mcqa/reward_mean" in line for line in trainer_log)
+    for phase in ("before", "after"):
+        metrics = json.loads((out / f"validation_{phase}_aggregate_metrics.json").read_text())
+        assert {m["agent_ref"]["name"] for m in metrics} == {
+            "mcqa_simple_agent",
+            "guess_number_gymnasium_agent",
+        }
+        assert len(list(iter_jsonl(out / f"validation_{phase}.jsonl"))) == 3  # 2 mcqa + 1 game
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert {e["env"] for e in comparison["environments"]} >= {
+        "mcqa_simple_agent",
+        "guess_number_gymnasium_agent",
+    }
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["timings_s"]) >= {"load_model_s", "validation_before_s", "train_s", "total_s"}
+    assert summary["generation"]["sequences"] >= 2 * 4
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gym_train_run_reports_a_missing_model_package(tmp_path: Path) -> None:
+    spec = tmp_path / "blend.yaml"
+    spec.write_text("environments:\n  mcqa: {}\nprompts_per_step: 1\n")
+    result = CliRunner().invoke(
+        gym, ["train", "run", str(spec), "-o", str(tmp_path / "o"), "--model", "nope"]
+    )
+    assert result.exit_code == 2 and "unknown model 'nope'" in result.output
