@@ -2,9 +2,10 @@
 
 One YAML file (docs/blend_spec.md) drives ``gym data blend``, ``gym train plan``, step-wise
 collection and training, so a mix can be reproduced offline. This module loads and checks the
-spec (every problem at once, each as ``file: key: problem``), finds each environment's data (the
-files the spec names, or the ``datasets`` its agent's config lists), reads and checks the rows,
-and checks rows against the verifier of the environment they target.
+spec (every problem at once, each as ``file: key: problem``), joins each of its environments with
+the ``Environment`` that serves it (``polygym.stack.environment``, which alone reads an
+environment's config and resolves its dataset paths), reads and checks the rows, and checks rows
+against the verifier of the environment they target.
 
 Rows are routed by stamping ``agent_ref`` on each, exactly as the hand-written recipe
 ``jq -c '. + {"agent_ref": {"type": "responses_api_agents", "name": "<env>_simple_agent"}}'``
@@ -27,14 +28,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from polygym.blend.planner import DEFAULT_WARN_BELOW, EnvDemand, Plan, make_plan
 from polygym.blend.sampler import StepSampler
 from polygym.collect.dataset import DatasetError, Row, agent_of, check_row, read_rows
-from polygym.protocol import AGENT_KIND, RESOURCES_KIND
-from polygym.stack import catalog
-from polygym.stack.config import ConfigError, ServerSpec
+from polygym.protocol import AGENT_KIND
+from polygym.servers.base import body_model
+from polygym.stack.config import ConfigError
+from polygym.stack.environment import (
+    Environment,
+    EnvironmentNotFoundError,
+    Split,
+    all_environments,
+    find_file,
+    load_environment,
+    load_server_class,
+)
 from polygym.suggest import closest, unknown_name_message
 
 Order = Literal["concat", "shuffled", "steps"]
 ORDERS: tuple[str, ...] = ("concat", "shuffled", "steps")
-Split = Literal["train", "validation"]
 ROLLOUT_FIELDS = frozenset({"response"})
 """Verify-request fields a rollout adds; a dataset row never carries them."""
 CHARS_PER_TOKEN = 4
@@ -53,6 +62,7 @@ class BlendSpecError(Exception):
 
 
 def _paths(value: Any) -> Any:
+    """``train: a.jsonl`` is the same as ``train: [a.jsonl]``."""
     return [value] if isinstance(value, str) else value
 
 
@@ -236,93 +246,22 @@ def spec_from_flags(
     return parse_spec(raw, "--env", Path.cwd())
 
 
-# ------------------------------------------------------------------------------ environment configs
+# ---------------------------------------------------------------------------------- resolving data
 
 
 @dataclass
-class EnvironmentConfig:
-    """The instances defined in ``resources_servers/<env>/configs/<env>.yaml`` (read as plain YAML:
-    the policy model it refers to is not part of this file, so it is not checked as a stack)."""
+class Member:
+    """One environment of a blend: the spec's entry joined with the ``Environment`` serving it.
 
-    name: str
-    path: Path
-    root: Path
-    agents: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
-    resources: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    ``environment`` is None for an environment without a config of its own, which a spec may name
+    when it gives the data files (its servers then come from the user's ``--config``).
+    """
 
-    def resources_server_of(self, agent: str) -> str | None:
-        ref = self.agents[agent][1].get("resources_server")
-        return ref.get("name") if isinstance(ref, dict) else None
-
-    def datasets(self, agent: str) -> list[dict[str, Any]]:
-        entries = self.agents[agent][1].get("datasets") or []
-        return [e for e in entries if isinstance(e, dict) and e.get("jsonl_fpath")]
-
-    def default_agent(self) -> str | None:
-        preferred = f"{self.name}_simple_agent"
-        if preferred in self.agents:
-            return preferred
-        return next(iter(self.agents)) if len(self.agents) == 1 else None
-
-    def server_spec(self, resources_server: str) -> ServerSpec:
-        implementation, config = self.resources[resources_server]
-        return ServerSpec(
-            name=resources_server,
-            kind=RESOURCES_KIND,
-            implementation=implementation,
-            config=config,
-            source=str(self.path),
-            directory=catalog.find_implementation_dir(RESOURCES_KIND, implementation),
-        )
-
-
-def environment_config(name: str) -> EnvironmentConfig:
-    """The config of environment ``name``; ConfigError (with did-you-mean) when there is none."""
-    folder = catalog.find_implementation_dir(RESOURCES_KIND, name)
-    path = folder / "configs" / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError([f"environment {name}: {folder} has no config file configs/{name}.yaml"])
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: invalid YAML: {exc}"]) from None
-    config = EnvironmentConfig(name, path, folder.parent.parent)
-    for instance, body in raw.items() if isinstance(raw, dict) else ():
-        if not isinstance(body, dict) or len(body) != 1:
-            continue
-        kind, impls = next(iter(body.items()))
-        if not isinstance(impls, dict) or len(impls) != 1:
-            continue
-        implementation, block = next(iter(impls.items()))
-        block = block if isinstance(block, dict) else {}
-        if kind == AGENT_KIND:
-            config.agents[str(instance)] = (str(implementation), block)
-        elif kind == RESOURCES_KIND:
-            config.resources[str(instance)] = (str(implementation), block)
-    return config
-
-
-def all_environment_configs() -> dict[str, EnvironmentConfig]:
-    """Every environment with a readable config, by name (broken ones are skipped)."""
-    found: dict[str, EnvironmentConfig] = {}
-    for name in catalog.list_implementations(RESOURCES_KIND):
-        try:
-            found[name] = environment_config(name)
-        except ConfigError:
-            continue
-    return found
-
-
-# ------------------------------------------------------------------------------------ resolving data
-
-
-@dataclass
-class ResolvedEnvironment:
     spec: EnvironmentSpec
+    environment: Environment | None
     agent: str
     train: list[Path]
     validation: list[Path]
-    config: EnvironmentConfig | None
 
     @property
     def name(self) -> str:
@@ -332,76 +271,81 @@ class ResolvedEnvironment:
         return self.train if split == "train" else self.validation
 
 
-def _find_file(text: str, roots: Sequence[Path]) -> Path | None:
-    path = Path(text).expanduser()
-    if path.is_absolute():
-        return path if path.is_file() else None
-    for root in roots:
-        if (root / path).is_file():
-            return root / path
-    return None
+def _given_files(
+    spec: BlendSpec, where: str, entry: EnvironmentSpec, split: Split, problems: list[str]
+) -> list[Path]:
+    """The files the spec names for ``split``: relative to the spec's folder, then the working directory."""
+    roots = list(dict.fromkeys((spec.base_dir, Path.cwd())))
+    found = []
+    for j, text in enumerate(getattr(entry, split)):
+        path = find_file(text, roots)
+        if path is None:
+            looked = ", ".join(str(root) for root in roots)
+            problems.append(f"{where}.{split}[{j}]: file not found: {text} (looked in {looked})")
+        else:
+            found.append(path)
+    return found
 
 
-def _configured(config: EnvironmentConfig, agent: str, split: Split) -> list[dict[str, Any]]:
-    entries = config.datasets(agent)
-    if split == "validation":
-        return [e for e in entries if e.get("type") == "validation"]
-    train = [e for e in entries if e.get("type") == "train"]
-    return train or [e for e in entries if e.get("type") != "validation"]
+def _configured_files(
+    where: str, environment: Environment, agent: str, split: Split, problems: list[str]
+) -> list[Path]:
+    """The files of the datasets ``agent``'s config lists for ``split``."""
+    datasets = environment.split_datasets(agent, split)
+    if split == "train" and not datasets:
+        problems.append(
+            f"{where}.train: none given and {environment.config_path} lists no datasets for {agent}"
+        )
+    found = []
+    for dataset in datasets:
+        path = environment.find_dataset(dataset)
+        if path is None:
+            looked = ", ".join(str(root) for root in environment.dataset_roots)
+            problems.append(
+                f"{where}.{split}: dataset '{dataset.name or '?'}' of {environment.config_path} not found: "
+                f"{dataset.jsonl_fpath} (looked in {looked})"
+            )
+        else:
+            found.append(path)
+    return found
 
 
-def resolve(spec: BlendSpec) -> list[ResolvedEnvironment]:
+def _member(spec: BlendSpec, index: int, entry: EnvironmentSpec, problems: list[str]) -> Member | None:
+    """Resolve one entry of ``spec`` (None after recording why it cannot be)."""
+    where = f"{spec.source}: environments[{index}] ({entry.name})"
+    environment: Environment | None = None
+    try:
+        environment = load_environment(entry.name)
+    except EnvironmentNotFoundError as exc:
+        if not entry.train:
+            problems.append(f"{where}: no train files given and {'; '.join(exc.problems)}")
+            return None
+    except ConfigError as exc:
+        problems.extend(f"{where}: {problem}" for problem in exc.problems)
+        return None
+    agent = entry.agent or (environment.default_agent() if environment else None) or entry.agent_name
+    if environment is not None and agent not in environment.agents:
+        problems.append(f"{where}.agent: {unknown_name_message('agent', agent, list(environment.agents))}")
+        return None
+    files: dict[Split, list[Path]] = {"train": [], "validation": []}
+    for split in files:
+        if getattr(entry, split):
+            files[split] = _given_files(spec, where, entry, split, problems)
+        elif environment is not None:
+            files[split] = _configured_files(where, environment, agent, split, problems)
+    return Member(entry, environment, agent, files["train"], files["validation"])
+
+
+def resolve(spec: BlendSpec) -> list[Member]:
     """Find every environment's agent and data files; raises BlendSpecError with every problem."""
     problems: list[str] = []
-    resolved: list[ResolvedEnvironment] = []
-    spec_roots = [spec.base_dir, Path.cwd()]
-    for i, env in enumerate(spec.environments):
-        where = f"{spec.source}: environments[{i}] ({env.name})"
-        config: EnvironmentConfig | None = None
-        try:
-            config = environment_config(env.name)
-        except ConfigError as exc:
-            if not env.train:
-                problems.append(f"{where}: no train files given and {'; '.join(exc.problems)}")
-                continue
-        agent = env.agent or (config.default_agent() if config is not None else None) or env.agent_name
-        if config is not None and agent not in config.agents:
-            known = list(config.agents)
-            problems.append(f"{where}.agent: {unknown_name_message('agent', agent, known)}")
-            continue
-        files: dict[str, list[Path]] = {"train": [], "validation": []}
-        for split in ("train", "validation"):
-            given = getattr(env, split)
-            if given:
-                for j, text in enumerate(given):
-                    found = _find_file(text, spec_roots)
-                    if found is None:
-                        looked = ", ".join(str(r) for r in dict.fromkeys(spec_roots))
-                        problems.append(f"{where}.{split}[{j}]: file not found: {text} (looked in {looked})")
-                    else:
-                        files[split].append(found)
-                continue
-            if config is None:
-                continue
-            entries = _configured(config, agent, split)
-            if split == "train" and not entries:
-                problems.append(f"{where}.train: none given and {config.path} lists no datasets for {agent}")
-            for entry in entries:
-                found = _find_file(str(entry["jsonl_fpath"]), [Path.cwd(), config.root])
-                if found is None:
-                    problems.append(
-                        f"{where}.{split}: dataset '{entry.get('name', '?')}' of {config.path} not found: "
-                        f"{entry['jsonl_fpath']} (looked in {Path.cwd()}, {config.root})"
-                    )
-                else:
-                    files[split].append(found)
-        resolved.append(ResolvedEnvironment(env, agent, files["train"], files["validation"], config))
+    members = [_member(spec, i, entry, problems) for i, entry in enumerate(spec.environments)]
     if problems:
         raise BlendSpecError(problems)
-    return resolved
+    return [member for member in members if member is not None]
 
 
-# ----------------------------------------------------------------------------- verifier requirements
+# --------------------------------------------------------------------------- verifier requirements
 
 
 @dataclass
@@ -414,25 +358,23 @@ class Verifier:
     problem: str | None = None
 
 
-def verifier_for(config: EnvironmentConfig, agent: str) -> Verifier:
+def verifier_for(env: Environment, agent: str) -> Verifier:
     """The verify request model of ``agent``'s resources server and its required row fields."""
-    from polygym.servers.base import body_model
-    from polygym.stack.loader import server_class
-
-    server = config.resources_server_of(agent)
-    if server is None or server not in config.resources:
-        return Verifier(config.name, None, [], f"{agent} refers to no resources server in {config.path}")
+    server = env.resources_server_of(agent)
+    if server is None:
+        return Verifier(env.name, None, [], f"{agent} refers to no resources server in {env.config_path}")
     try:
-        cls = server_class(config.server_spec(server))
-    except Exception as exc:  # a broken app.py is reported, the other rows are still checked
-        return Verifier(config.name, None, [], f"cannot load resources server {server}: {exc}")
+        cls = load_server_class(server)
+    except ConfigError as exc:  # a broken app.py is reported, the other rows are still checked
+        problem = f"cannot load resources server {server.name}: {'; '.join(exc.problems)}"
+        return Verifier(env.name, None, [], problem)
     model = body_model(cls.verify) if hasattr(cls, "verify") else None
     if model is None:
-        return Verifier(config.name, None, [])
+        return Verifier(env.name, None, [])
     required = [
         name for name, info in model.model_fields.items() if info.is_required() and name not in ROLLOUT_FIELDS
     ]
-    return Verifier(config.name, model, required)
+    return Verifier(env.name, model, required)
 
 
 def check_verifier_fields(row: Row, verifier: Verifier, problems: list[str]) -> None:
@@ -456,7 +398,7 @@ def check_verifier_fields(row: Row, verifier: Verifier, problems: list[str]) -> 
                 problems.append(f"{row.where}: {key}: {err.get('msg', 'invalid')} ({verifier.env} verifier)")
 
 
-# -------------------------------------------------------------------------------------- reading rows
+# ------------------------------------------------------------------------------------ reading rows
 
 
 def stamp(data: dict[str, Any], agent: str) -> dict[str, Any]:
@@ -469,7 +411,7 @@ class Blend:
     """A resolved spec with its rows: everything needed to plan, sample, blend and collect."""
 
     spec: BlendSpec
-    environments: list[ResolvedEnvironment]
+    environments: list[Member]
     rows: dict[str, list[Row]]
     split: Split = "train"
 
@@ -511,11 +453,11 @@ class Blend:
 
 def load_blend(spec: BlendSpec, split: Split = "train", check_verifiers: bool = True) -> Blend:
     """Resolve ``spec`` and read every row of ``split``; raises DatasetError listing bad rows."""
-    environments = resolve(spec)
+    members = resolve(spec)
     problems: list[str] = []
     rows: dict[str, list[Row]] = {}
-    for env in environments:
-        verifier = verifier_for(env.config, env.agent) if check_verifiers and env.config else None
+    for env in members:
+        verifier = verifier_for(env.environment, env.agent) if check_verifiers and env.environment else None
         if verifier is not None and verifier.problem:
             problems.append(f"{spec.source}: environments ({env.name}): {verifier.problem}")
         env_rows: list[Row] = []
@@ -530,7 +472,7 @@ def load_blend(spec: BlendSpec, split: Split = "train", check_verifiers: bool = 
         rows[env.name] = env_rows
     if problems:
         raise DatasetError(problems)
-    return Blend(spec, environments, rows, split)
+    return Blend(spec, members, rows, split)
 
 
 def count_rows(path: Path) -> int:
@@ -549,7 +491,7 @@ def write_jsonl(rows: Iterator[dict[str, Any]], output: Path) -> int:
     return written
 
 
-# --------------------------------------------------------------------------------- validating files
+# -------------------------------------------------------------------------------- validating files
 
 
 @dataclass
@@ -598,6 +540,20 @@ class ValidationReport:
     rows: int
 
 
+def _selected(envs: Sequence[str], problems: list[str]) -> dict[str, Environment]:
+    """Every loadable environment, or only those named (unknown names are problems)."""
+    known = all_environments()
+    if not envs:
+        return known
+    selected: dict[str, Environment] = {}
+    for name in envs:
+        if name in known:
+            selected[name] = known[name]
+        else:
+            problems.append(f"--env {name}: {unknown_name_message('environment', name, known)}")
+    return selected
+
+
 def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> ValidationReport:
     """Check rows against the environments they target (all known ones, or only ``envs``).
 
@@ -605,19 +561,11 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
     given, rows without ``agent_ref`` target it.
     """
     problems: list[str] = []
-    configs = all_environment_configs()
-    if envs:
-        selected: dict[str, EnvironmentConfig] = {}
-        for name in envs:
-            if name in configs:
-                selected[name] = configs[name]
-            else:
-                problems.append(f"--env {name}: {unknown_name_message('environment', name, configs)}")
-        configs = selected
-    agent_env = {agent: cfg for cfg in configs.values() for agent in cfg.agents}
+    environments = _selected(envs, problems)
+    agent_env = {agent: env for env in environments.values() for agent in env.agents}
     default_agent = None
-    if len(envs) == 1 and envs[0] in configs:
-        default_agent = configs[envs[0]].default_agent()
+    if len(envs) == 1 and envs[0] in environments:
+        default_agent = environments[envs[0]].default_agent()
     verifiers: dict[str, Verifier] = {}
     stats: dict[str, EnvStats] = {}
     total = 0
@@ -639,11 +587,11 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
             agent = agent_of(row, default_agent, agent_env, problems)
             if agent is None or agent not in agent_env:
                 continue  # reported: unknown agent, or no usable --env was given
-            config = agent_env[agent]
+            env = agent_env[agent]
             if agent not in verifiers:
-                verifiers[agent] = verifier_for(config, agent)
+                verifiers[agent] = verifier_for(env, agent)
                 if verifiers[agent].problem:
-                    problems.append(f"{config.path}: {agent}: {verifiers[agent].problem}")
+                    problems.append(f"{env.config_path}: {agent}: {verifiers[agent].problem}")
             check_verifier_fields(row, verifiers[agent], problems)
-            stats.setdefault(agent, EnvStats(config.name, agent)).add(row.data)
+            stats.setdefault(agent, EnvStats(env.name, agent)).add(row.data)
     return ValidationReport(problems, list(stats.values()), total)

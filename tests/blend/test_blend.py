@@ -159,7 +159,7 @@ prompts_per_step: 3
     resolved = resolve(load_spec(fixed))
     assert resolved[0].train == [spec_dir / "data" / "mine.jsonl"]
     assert resolved[1].train == [Path.cwd() / "cwd_only.jsonl"]
-    assert resolved[2].agent == "custom_agent" and resolved[2].config is None
+    assert resolved[2].agent == "custom_agent" and resolved[2].environment is None
 
 
 def test_unknown_environment_and_agent_get_suggestions(tmp_path: Path) -> None:
