@@ -40,9 +40,10 @@ from typing import Any
 
 import orjson
 
-from polygym.blend.mix import Blend, BlendSpec, load_blend
+from polygym.blend.mix import Blend, load_blend
 from polygym.blend.planner import Plan
 from polygym.blend.sampler import Step, StepSampler
+from polygym.blend.spec import BlendSpec
 from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.rollouts import Limits, Result, collect, failure_record

@@ -9,7 +9,8 @@ import orjson
 import pytest
 from click.testing import CliRunner, Result
 
-from polygym.blend.mix import BlendSpecError, parse_spec, resolve
+from polygym.blend.mix import resolve
+from polygym.blend.spec import BlendSpecError, parse_spec
 from polygym.cli import gym
 from polygym.servers.resources import ResourcesServer
 from polygym.stack.config import ConfigError
