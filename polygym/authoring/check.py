@@ -8,7 +8,8 @@ skip); only a *fail* makes ``report.ok`` false.
 How the environment is started, and why:
 
 * Only the resources server runs (no agent, no model), loaded by ``polygym.stack.environment`` exactly
-  as ``gym env start`` would load it.
+  as ``gym env start`` would load it, and its example dataset found as every other command finds
+  an environment's datasets.
 * The server is served on a real loopback socket from a ``ThreadServer``: a **thread with its own
   event loop**. Over a socket the checker sees what agents see (status codes, cookies, bodies); in
   its own thread a verifier that blocks its event loop cannot block the checker's timeouts. Every
@@ -51,13 +52,7 @@ from polygym.protocol import new_response as _new_response
 from polygym.servers.base import body_model
 from polygym.servers.episodic import EpisodicServer
 from polygym.stack.config import ConfigError
-from polygym.stack.environment import (
-    LoadedEnv,
-    describe_environment,
-    example_dataset,
-    load_environment,
-    resolve_env_dir,
-)
+from polygym.stack.environment import Environment, describe_environment, load_environment, resolve_env_dir
 
 # The report types (polygym.authoring.report) and environment loading (polygym.stack.environment) are
 # re-exported: `gym env check`, `gym list environments` and scripts import them from here.
@@ -122,11 +117,11 @@ def _outcome(problems: list[str], detail: str, limit: int = 4) -> Outcome:
 class _Checker:
     """The checks that need the served environment, in the order a rollout uses it."""
 
-    def __init__(self, loaded: LoadedEnv, report: EnvReport, timeout_s: float) -> None:
-        self.loaded = loaded
+    def __init__(self, environment: Environment, report: EnvReport, timeout_s: float) -> None:
+        self.environment = environment
         self.report = report
         self.timeout_s = timeout_s
-        self.low, self.high = loaded.reward_range
+        self.low, self.high = environment.reward_range
         self.rows: list[dict[str, Any]] = []
         self.tools: dict[str, dict[str, Any]] = {}
         self.verified: list[dict[str, Any]] = []
@@ -149,12 +144,12 @@ class _Checker:
     # -- the whole run ----------------------------------------------------------------------
     async def run(self, max_rows: int) -> None:
         self.record("config", self.config())
-        self.rows, outcome = _load_rows(self.loaded, max_rows)
+        self.rows, outcome = _load_rows(self.environment, max_rows)
         self.record("dataset", outcome)
         began = time.perf_counter()
         runner: ThreadServer | None = None
         try:
-            server = self.loaded.build()
+            server = self.environment.build()
             runner = ThreadServer(server.app, server.client, _GRACEFUL_S)
             await runner.start(self.timeout_s)
         except Exception as exc:
@@ -187,7 +182,7 @@ class _Checker:
         for name, schema in self.tools.items():
             await self.step(f"tool {name}: call", self.tool_call(name, schema))
             await self.step(f"tool {name}: bad input", self.tool_bad_input(name, schema))
-        if issubclass(self.loaded.server_class, EpisodicServer):
+        if issubclass(self.environment.server_class, EpisodicServer):
             await self.step("episode: reset/step", self.episode_protocol())
         await self.step("verify: wrong rollouts", self.wrong_rollouts())
         await self.step("verify: correct rollout", self.correct_rollouts())
@@ -199,11 +194,11 @@ class _Checker:
 
     # -- before serving ---------------------------------------------------------------------
     def config(self) -> Outcome:
-        loaded = self.loaded
+        env = self.environment
         detail = (
-            f"{loaded.spec.name}: {loaded.server_class.__name__}, reward_range [{self.low:g}, {self.high:g}]"
+            f"{env.resources.name}: {env.server_class.__name__}, reward_range [{self.low:g}, {self.high:g}]"
         )
-        return (WARN if loaded.notes else PASS), "; ".join([detail, *loaded.notes])
+        return (WARN if env.notes else PASS), "; ".join([detail, *env.notes])
 
     def tool_schema(self, schema: dict[str, Any]) -> Outcome:
         params = schema.get("parameters")
@@ -248,7 +243,7 @@ class _Checker:
         return PASS, f"GET / -> status ok, {sessions['active']} active sessions"
 
     async def tool_listing(self) -> Outcome:
-        declared = self.loaded.server_class.tool_schemas()
+        declared = self.environment.server_class.tool_schemas()
         self.tools = {t["name"]: t for t in declared}
         reply = await self.http.request("GET", "/tools")
         served = reply.json() if reply.ok else None
@@ -396,9 +391,9 @@ class _Checker:
         )
 
     async def correct_rollouts(self) -> Outcome:
-        solve = getattr(self.loaded.server_class, "example_solution", None)
+        solve = getattr(self.environment.server_class, "example_solution", None)
         if not callable(solve):
-            cls = self.loaded.server_class.__name__
+            cls = self.environment.server_class.__name__
             return SKIP, (
                 f"no example_solution: add `@classmethod example_solution(cls, row) -> list[output items]` "
                 f"to {cls} to check that a correct answer is rewarded"
@@ -414,7 +409,7 @@ class _Checker:
 
     async def _solution(self, row: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
         try:
-            output = self.loaded.server_class.example_solution(copy.deepcopy(row))  # type: ignore[attr-defined]
+            output = self.environment.server_class.example_solution(copy.deepcopy(row))  # type: ignore[attr-defined]
             if inspect.isawaitable(output):
                 output = await output
         except Exception as exc:
@@ -460,7 +455,7 @@ class _Checker:
             ("missing fields", {}),
             ("wrong types", {"responses_create_params": "not an object", "response": 42}),
         ]
-        model = body_model(self.loaded.server_class.verify)
+        model = body_model(self.environment.server_class.verify)
         required = set(model.model_json_schema().get("required") or []) if model else set()
         own = sorted(required - {"responses_create_params", "response"})
         if own:
@@ -497,12 +492,12 @@ class _Checker:
         return PASS, "stopped cleanly"
 
 
-def _load_rows(loaded: LoadedEnv, max_rows: int) -> tuple[list[dict[str, Any]], Outcome]:
+def _load_rows(environment: Environment, max_rows: int) -> tuple[list[dict[str, Any]], Outcome]:
     """Up to ``max_rows`` rows of the example dataset, and the outcome of the dataset check.
 
     Rows are read and shape-checked by ``polygym.collect.dataset``, as ``gym eval run`` reads them.
     """
-    path, problem = example_dataset(loaded)
+    path, problem = environment.example_dataset()
     problems = [problem] if problem else []
     if path is None:
         return [], (FAIL, "; ".join([*problems, "no example dataset to check with (data/example.jsonl)"]))
@@ -528,18 +523,19 @@ async def check_env_async(
     began = time.perf_counter()
     report = EnvReport(env=Path(env).name)
     try:
-        loaded = load_environment(env)
+        environment = load_environment(env)
+        checker = _Checker(environment, report, timeout_s)  # imports app.py, reads reward_range
     except ConfigError as exc:
         report.results.append(CheckResult("config", FAIL, "; ".join(exc.problems)))
     except Exception as exc:  # anything else while loading is still the environment's problem
         report.results.append(CheckResult("config", FAIL, f"{type(exc).__name__}: {exc}"))
     else:
         report.env, report.directory, report.config = (
-            loaded.name,
-            str(loaded.directory),
-            str(loaded.config_path),
+            environment.name,
+            str(environment.directory),
+            str(environment.config_path),
         )
-        await _Checker(loaded, report, timeout_s).run(max_rows)
+        await checker.run(max_rows)
     report.seconds = time.perf_counter() - began
     return report
 

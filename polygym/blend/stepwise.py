@@ -40,14 +40,16 @@ from typing import Any
 
 import orjson
 
-from polygym.blend.mix import Blend, BlendSpec, load_blend
+from polygym.blend.mix import Blend, load_blend
 from polygym.blend.planner import Plan
 from polygym.blend.sampler import Step, StepSampler
+from polygym.blend.spec import BlendSpec
 from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.rollouts import Limits, Result, collect, failure_record
 from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, iter_jsonl
 from polygym.net.client import ServerClient
+from polygym.stack.environment import EnvironmentNotFoundError, config_file
 
 STEP_FIELD = "_pg_step"
 ENV_FIELD = "_pg_env"
@@ -418,14 +420,11 @@ async def run_steps(
 def environments_to_serve(spec: BlendSpec) -> list[str]:
     """Resources servers a stack needs for ``spec`` (those with a config; the rest must already be
     in the user's --config files)."""
-    from polygym.blend.mix import environment_config
-    from polygym.stack.config import ConfigError
-
     names = []
     for env in spec.environments:
         try:
-            environment_config(env.name)
-        except ConfigError:
+            config_file(env.name)
+        except EnvironmentNotFoundError:
             continue
         names.append(env.name)
     return names

@@ -17,17 +17,9 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.blend.mix import (
-    CHARS_PER_TOKEN,
-    ORDERS,
-    BlendSpec,
-    BlendSpecError,
-    load_blend,
-    load_spec,
-    spec_from_flags,
-    validate_files,
-    write_jsonl,
-)
+from polygym.blend.mix import ORDERS, load_blend, write_jsonl
+from polygym.blend.spec import BlendSpec, BlendSpecError, load_spec, spec_from_flags
+from polygym.blend.validate import CHARS_PER_TOKEN, validate_files
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail
 from polygym.collect.dataset import DatasetError
 

@@ -17,8 +17,9 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.blend.mix import BlendSpec, BlendSpecError, count_rows, load_blend, load_spec, resolve
+from polygym.blend.mix import count_rows, load_blend, resolve
 from polygym.blend.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
+from polygym.blend.spec import BlendSpec, BlendSpecError, load_spec
 from polygym.blend.stepwise import StepFiles, StepReport, environments_to_serve, run_steps
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail, load_stack_config
 from polygym.collect.dataset import DatasetError

@@ -1,19 +1,28 @@
-"""Finding, loading and describing one environment: its config, server class, reward range and datasets.
+"""One environment: its config, resources server, agents, datasets and reward range, loaded once.
 
-Shared by ``gym env check`` (which probes what is loaded here) and ``gym list environments``
-(which describes it). An environment is loaded the way ``gym env start`` loads it (the normal
-config loader and the catalog), so what passes here also starts; the differences are that only
-its resources server is wanted, and any model server its agents reference but its config leaves
-out gets a stand-in (``STUB_MODEL``) so that the config still validates on its own.
+Every command that needs an environment's own files reads them here: ``gym env check`` (which
+probes it), ``gym list environments`` (which describes it), blends, step plans, dataset
+validation, step-wise collection and training (which read its datasets and verifier). An
+environment is loaded the way ``gym env start`` loads it (the normal config loader and the
+catalog), so ``${...}`` interpolation and ``env.yaml`` values mean the same in every command and
+what passes here also starts. The differences: only the config is read up front (the server class
+is imported when first asked for, so reading datasets never imports ``app.py``), and any model
+server its agents reference but its config leaves out gets a stand-in (``STUB_MODEL``) so that
+the config still validates on its own.
+
+Dataset paths (``jsonl_fpath``) are resolved by one function, ``find_file``, against one list of
+roots (``Environment.dataset_roots``), so a path one command accepts every command accepts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -21,28 +30,168 @@ from polygym.net.client import ServerClient
 from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.servers.resources import ResourcesServer
 from polygym.stack import catalog
-from polygym.stack.config import ConfigError, ServerSpec, load_config
+from polygym.stack.config import ConfigError, ServerSpec, StackConfig, load_config
 from polygym.stack.loader import build_server, server_class
 
 STUB_MODEL = "scripted_model"
 """Stands in for model servers that agents reference but the environment's config leaves out."""
 
+Split = Literal["train", "validation"]
+
+
+class EnvironmentNotFoundError(ConfigError):
+    """No such environment folder, or no ``configs/<name>.yaml`` in it.
+
+    Distinct from a config that exists but is broken: a blend may name an environment that has no
+    config of its own when it gives the data files (its servers then come from ``--config``).
+    """
+
+
+def find_file(text: str, roots: Sequence[Path]) -> Path | None:
+    """``text`` as given when absolute, else under the first root that has it (None: nowhere)."""
+    path = Path(text).expanduser()
+    if path.is_absolute():
+        return path if path.is_file() else None
+    for root in roots:
+        if (root / path).is_file():
+            return root / path
+    return None
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One ``datasets`` entry of an agent in the environment's config (NeMo Gym's format)."""
+
+    agent: str
+    name: str | None
+    type: str | None
+    jsonl_fpath: str
+
+    def to_dict(self) -> dict[str, str]:
+        """The entry as listed by ``gym list environments`` (unset keys left out)."""
+        fields = {"name": self.name, "type": self.type, "jsonl_fpath": self.jsonl_fpath, "agent": self.agent}
+        return {key: value for key, value in fields.items() if value is not None}
+
 
 @dataclass
-class LoadedEnv:
-    """An environment's resources server spec, class, reward range and example datasets."""
+class Environment:
+    """``resources_servers/<name>/``: its loaded config and everything read from it.
+
+    ``resources`` is the environment's own resources server instance (the one named like the
+    folder, else the first); ``agents`` are every agent instance of its config.
+    """
 
     name: str
     directory: Path
     config_path: Path
-    spec: ServerSpec
-    server_class: type[ResourcesServer]
-    reward_range: tuple[float, float]
-    datasets: list[dict[str, Any]]
+    config: StackConfig
+    resources: ServerSpec
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def root(self) -> Path:
+        """The folder that holds ``resources_servers/`` (what shipped ``jsonl_fpath``s start from)."""
+        return self.directory.parent.parent
+
+    @property
+    def agents(self) -> dict[str, ServerSpec]:
+        return {spec.name: spec for spec in self.config.by_kind(AGENT_KIND)}
+
+    def default_agent(self) -> str | None:
+        """``<name>_simple_agent``, else the config's only agent (e.g. a gymnasium_agent)."""
+        agents = self.agents
+        preferred = f"{self.name}_simple_agent"
+        if preferred in agents:
+            return preferred
+        return next(iter(agents)) if len(agents) == 1 else None
+
+    def resources_server_of(self, agent: str) -> ServerSpec | None:
+        """The resources server instance ``agent`` refers to, when this config defines it."""
+        name = _resources_ref(self.agents[agent])
+        if name == self.resources.name:
+            return self.resources
+        spec = self.config.servers.get(str(name))
+        return spec if spec is not None and spec.kind == RESOURCES_KIND else None
+
+    def datasets(self, agent: str | None = None) -> list[Dataset]:
+        """The datasets ``agent`` lists, or (no agent) those of every agent of this environment's
+        resources server."""
+        if agent is not None:
+            agents = [self.agents[agent]]
+        else:
+            agents = [a for a in self.agents.values() if _resources_ref(a) == self.resources.name]
+        return [
+            Dataset(spec.name, _text(entry.get("name")), _text(entry.get("type")), entry["jsonl_fpath"])
+            for spec in agents
+            for entry in spec.config.get("datasets") or []
+            if isinstance(entry, dict) and isinstance(entry.get("jsonl_fpath"), str) and entry["jsonl_fpath"]
+        ]
+
+    def split_datasets(self, agent: str, split: Split) -> list[Dataset]:
+        """``agent``'s datasets for a split: ``type: validation`` ones, or for training ``type: train``
+        ones, else every one that is not validation (such as the shipped ``type: example`` files)."""
+        entries = self.datasets(agent)
+        if split == "validation":
+            return [d for d in entries if d.type == "validation"]
+        return [d for d in entries if d.type == "train"] or [d for d in entries if d.type != "validation"]
+
+    @property
+    def dataset_roots(self) -> list[Path]:
+        """Where a relative ``jsonl_fpath`` is looked for: the working directory, the folder holding
+        ``resources_servers/`` (so shipped examples work from anywhere), then the environment folder."""
+        return list(dict.fromkeys((Path.cwd(), self.root, self.directory)))
+
+    def find_dataset(self, dataset: Dataset) -> Path | None:
+        return find_file(dataset.jsonl_fpath, self.dataset_roots)
+
+    def example_dataset(self) -> tuple[Path | None, str]:
+        """The dataset to check with (an ``example`` one first) and a problem, if any."""
+        entries = sorted(self.datasets(), key=lambda d: d.type != "example" and d.name != "example")
+        for entry in entries:
+            path = self.find_dataset(entry)
+            if path is not None:
+                return path, ""
+        fallback = self.directory / "data" / "example.jsonl"
+        if entries:
+            listed = ", ".join(e.jsonl_fpath for e in entries)
+            problem = f"dataset file(s) not found: {listed}"
+        else:
+            problem = f"no agent in {self.config_path.name} lists datasets for {self.resources.name}"
+        return (fallback if fallback.is_file() else None), problem
+
+    @cached_property
+    def server_class(self) -> type[ResourcesServer]:
+        """The resources server class (imports ``app.py``; ConfigError when that fails)."""
+        return load_server_class(self.resources)  # type: ignore[return-value]
+
+    @cached_property
+    def reward_range(self) -> tuple[float, float]:
+        return _reward_range(self.resources, self.server_class)
+
     def build(self) -> ResourcesServer:
-        return build_server(self.spec, ServerClient())  # type: ignore[return-value]
+        return build_server(self.resources, ServerClient())  # type: ignore[return-value]
+
+
+def _resources_ref(agent: ServerSpec) -> str | None:
+    """The name in an agent's ``resources_server: {type, name}`` reference."""
+    ref = agent.config.get("resources_server")
+    return ref.get("name") if isinstance(ref, dict) else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def load_server_class(spec: ServerSpec) -> type:
+    """``spec``'s class; an import failure becomes a ConfigError naming the ``app.py``."""
+    try:
+        return server_class(spec)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            [f"{spec.directory / 'app.py'}: cannot import: {type(exc).__name__}: {exc}"]
+        ) from exc
 
 
 def resolve_env_dir(env: str | Path) -> Path:
@@ -50,9 +199,23 @@ def resolve_env_dir(env: str | Path) -> Path:
     if isinstance(env, Path) or "/" in env or "\\" in env:
         path = Path(env).expanduser().resolve()
         if not path.is_dir():
-            raise ConfigError([f"environment folder {env} does not exist"])
+            raise EnvironmentNotFoundError([f"environment folder {env} does not exist"])
         return path
-    return catalog.find_implementation_dir(RESOURCES_KIND, env).resolve()
+    try:
+        return catalog.find_implementation_dir(RESOURCES_KIND, env).resolve()
+    except ConfigError as exc:
+        raise EnvironmentNotFoundError(exc.problems) from None
+
+
+def config_file(env: str | Path) -> Path:
+    """``<folder>/configs/<name>.yaml`` of ``env`` (EnvironmentNotFoundError when there is none)."""
+    directory = resolve_env_dir(env)
+    if directory.parent.name != RESOURCES_KIND:
+        raise ConfigError([f"{directory}: an environment folder must be inside a {RESOURCES_KIND}/ folder"])
+    path = directory / "configs" / f"{directory.name}.yaml"
+    if not path.is_file():
+        raise EnvironmentNotFoundError([f"{directory}: no config file configs/{directory.name}.yaml"])
+    return path
 
 
 def _stub_overrides(raw: Any) -> list[str]:
@@ -76,15 +239,9 @@ def _stub_overrides(raw: Any) -> list[str]:
     return [f"+{name}.{MODEL_KIND}.{STUB_MODEL}.entrypoint=app.py" for name in sorted(missing)]
 
 
-def load_environment(env: str | Path) -> LoadedEnv:
-    """Load ``resources_servers/<env>/configs/<env>.yaml`` and the server class (or raise ConfigError)."""
-    directory = resolve_env_dir(env)
-    name = directory.name
-    if directory.parent.name != RESOURCES_KIND:
-        raise ConfigError([f"{directory}: an environment folder must be inside a {RESOURCES_KIND}/ folder"])
-    config_path = directory / "configs" / f"{name}.yaml"
-    if not config_path.is_file():
-        raise ConfigError([f"{directory}: no config file configs/{name}.yaml"])
+def _load_stack_config(config_path: Path) -> StackConfig:
+    """The environment's config through ``load_config``, with stand-ins for missing model servers."""
+    directory = config_path.parent.parent
     try:
         raw = yaml.safe_load(config_path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
@@ -92,36 +249,39 @@ def load_environment(env: str | Path) -> LoadedEnv:
     # The loader finds implementations through the catalog (working directory first); a folder given
     # by path elsewhere is loaded from the folder that holds its resources_servers/.
     try:
-        found = catalog.find_implementation_dir(RESOURCES_KIND, name).resolve()
+        found = catalog.find_implementation_dir(RESOURCES_KIND, directory.name).resolve()
     except ConfigError:
         found = None
     context = contextlib.chdir(directory.parent.parent) if found != directory else contextlib.nullcontext()
     with context:
-        config = load_config([config_path], _stub_overrides(raw))
+        return load_config([config_path], _stub_overrides(raw))
+
+
+def load_environment(env: str | Path) -> Environment:
+    """Load ``resources_servers/<env>/configs/<env>.yaml`` (a name or a folder); ConfigError listing
+    every problem, EnvironmentNotFoundError when there is no such environment."""
+    config_path = config_file(env)
+    directory = config_path.parent.parent
+    config = _load_stack_config(config_path)
     specs = config.by_kind(RESOURCES_KIND)
     if not specs:
         raise ConfigError([f"{config_path}: defines no {RESOURCES_KIND} instance"])
-    spec = next((s for s in specs if s.name == name), specs[0])
+    spec = next((s for s in specs if s.name == directory.name), specs[0])
     notes = [f"{len(specs) - 1} more instance(s) not checked"] if len(specs) > 1 else []
-    if spec.directory.resolve() != directory and spec.implementation == name:
+    if spec.directory.resolve() != directory and spec.implementation == directory.name:
         spec = replace(spec, directory=directory)
-    try:
-        cls = server_class(spec)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(
-            [f"{spec.directory / 'app.py'}: cannot import: {type(exc).__name__}: {exc}"]
-        ) from exc
-    low, high = _reward_range(spec, cls)
-    datasets = []
-    for agent in config.by_kind(AGENT_KIND):
-        ref = agent.config.get("resources_server")
-        if isinstance(ref, dict) and ref.get("name") == spec.name:
-            datasets += [
-                {**d, "agent": agent.name} for d in agent.config.get("datasets") or [] if isinstance(d, dict)
-            ]
-    return LoadedEnv(name, directory, config_path, spec, cls, (low, high), datasets, notes)  # type: ignore[arg-type]
+    return Environment(directory.name, directory, config_path, config, spec, notes)
+
+
+def all_environments() -> dict[str, Environment]:
+    """Every environment whose config loads, by name (broken ones are skipped)."""
+    found: dict[str, Environment] = {}
+    for name in catalog.list_implementations(RESOURCES_KIND):
+        try:
+            found[name] = load_environment(name)
+        except ConfigError:
+            continue
+    return found
 
 
 def _reward_range(spec: ServerSpec, cls: type) -> tuple[float, float]:
@@ -140,58 +300,25 @@ def _reward_range(spec: ServerSpec, cls: type) -> tuple[float, float]:
     return low, high
 
 
-def dataset_path(entry: dict[str, Any], env_dir: Path) -> Path | None:
-    """A dataset's ``jsonl_fpath``: absolute, or relative to the working directory, the root that
-    holds ``resources_servers/``, or the environment folder (first that exists)."""
-    text = entry.get("jsonl_fpath")
-    if not isinstance(text, str) or not text:
-        return None
-    path = Path(text).expanduser()
-    if path.is_absolute():
-        return path if path.is_file() else None
-    for base in (Path.cwd(), env_dir.parent.parent, env_dir):
-        if (base / path).is_file():
-            return base / path
-    return None
-
-
-def example_dataset(loaded: LoadedEnv) -> tuple[Path | None, str]:
-    """The dataset to check with (the agent's ``example`` one first) and a problem, if any."""
-    entries = sorted(loaded.datasets, key=lambda d: d.get("type") != "example" and d.get("name") != "example")
-    for entry in entries:
-        path = dataset_path(entry, loaded.directory)
-        if path is not None:
-            return path, ""
-    fallback = loaded.directory / "data" / "example.jsonl"
-    if entries:
-        listed = ", ".join(str(e.get("jsonl_fpath")) for e in entries)
-        problem = f"dataset file(s) not found: {listed}"
-    else:
-        problem = f"no agent in {loaded.config_path.name} lists datasets for {loaded.spec.name}"
-    return (fallback if fallback.is_file() else None), problem
-
-
 def describe_environment(name: str) -> dict[str, Any]:
     """Name, domain, description, tools and datasets of one environment (``gym list environments``)."""
     info: dict[str, Any] = {"name": name, "domain": "", "description": "", "tools": [], "datasets": []}
     try:
-        loaded = load_environment(name)
+        env = load_environment(name)
+        cls = env.server_class  # an app.py that does not import makes the environment broken
     except ConfigError as exc:
         return {**info, "error": "; ".join(exc.problems)}
     except Exception as exc:
         return {**info, "error": f"{type(exc).__name__}: {exc}"}
     info.update(
-        domain=str(loaded.spec.config.get("domain") or "other"),
-        description=str(loaded.spec.config.get("description") or ""),
-        directory=str(loaded.directory),
-        config=str(loaded.config_path),
-        datasets=[
-            {k: d.get(k) for k in ("name", "type", "jsonl_fpath", "agent") if d.get(k) is not None}
-            for d in loaded.datasets
-        ],
+        domain=str(env.resources.config.get("domain") or "other"),
+        description=str(env.resources.config.get("description") or ""),
+        directory=str(env.directory),
+        config=str(env.config_path),
+        datasets=[d.to_dict() for d in env.datasets()],
     )
     try:
-        info["tools"] = [t["name"] for t in loaded.server_class.tool_schemas()]
+        info["tools"] = [t["name"] for t in cls.tool_schemas()]
     except Exception as exc:
         info["error"] = f"tool schemas: {type(exc).__name__}: {exc}"
     return info

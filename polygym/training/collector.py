@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from polygym.blend.mix import Blend, BlendSpec, load_blend
+from polygym.blend.mix import Blend, load_blend
+from polygym.blend.spec import BlendSpec
 from polygym.blend.stepwise import (
     ALL_ENVS,
     PASS_THRESHOLD,

@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polygym.blend.mix import Blend, BlendSpec, load_blend, load_spec
+from polygym.blend.mix import Blend, load_blend
+from polygym.blend.spec import BlendSpec, load_spec
 from polygym.blend.stepwise import ALL_ENVS, environments_to_serve
 from polygym.collect.compare import Comparison, compare
 from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job

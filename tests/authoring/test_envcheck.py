@@ -13,8 +13,6 @@ import pytest
 
 from polygym.authoring import check as envcheck
 from polygym.authoring.check import FAIL, PASS, SKIP, check_env
-from polygym.servers.resources import ResourcesServer
-from polygym.stack import environment as environments
 from polygym.stack.catalog import list_implementations
 from tests.conftest import ROOT, gym_command
 
@@ -237,15 +235,3 @@ def test_cli_json_and_exit_codes(tmp_path: Path) -> None:
     typo = subprocess.run(gym_command("env", "check", "exmple_multi_step"), capture_output=True, text=True)
     assert typo.returncode == 2
     assert "Did you mean 'example_multi_step'?" in typo.stderr
-
-
-# ------------------------------------------------------------------------------------- loading
-
-
-def test_loaded_environment_knows_its_datasets_and_class() -> None:
-    loaded = environments.load_environment("example_single_tool_call")
-    assert issubclass(loaded.server_class, ResourcesServer)
-    assert loaded.reward_range == (0.0, 1.0)
-    assert [d["name"] for d in loaded.datasets] == ["example"]
-    path, problem = environments.example_dataset(loaded)
-    assert problem == "" and path == ROOT / "resources_servers/example_single_tool_call/data/example.jsonl"

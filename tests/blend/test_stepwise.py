@@ -11,7 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from polygym.blend.mix import BlendSpec, load_blend, parse_spec
+from polygym.blend.mix import load_blend
+from polygym.blend.spec import BlendSpec, parse_spec
 from polygym.blend.stepwise import ALL_ENVS, ENV_FIELD, STEP_FIELD, STRAGGLER, StepFiles, run_steps
 from polygym.cli.train import next_step, run_blend
 from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX

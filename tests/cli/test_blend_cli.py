@@ -11,7 +11,8 @@ import orjson
 import pytest
 from click.testing import CliRunner, Result
 
-from polygym.blend.mix import load_blend, load_spec
+from polygym.blend.mix import load_blend
+from polygym.blend.spec import load_spec
 from polygym.cli import gym
 from tests.conftest import ROOT
 

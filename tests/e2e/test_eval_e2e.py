@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
-from polygym.blend.mix import load_blend, spec_from_flags, write_jsonl
+from polygym.blend.mix import load_blend, write_jsonl
+from polygym.blend.spec import spec_from_flags
 from polygym.collect.dataset import Materialization, load_jobs
 from polygym.collect.eval_run import run_eval
 from polygym.collect.rollouts import Limits, collect

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from polygym.blend.mix import parse_spec
+from polygym.blend.spec import parse_spec
 from polygym.blend.stepwise import ALL_ENVS
 from polygym.net.listen import AppServer, bind_socket
 from polygym.training.collector import TokenCollector

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from polygym.blend.mix import BlendSpec, load_blend, parse_spec
+from polygym.blend.mix import load_blend
+from polygym.blend.spec import BlendSpec, parse_spec
 from polygym.blend.stepwise import ALL_ENVS, StepFiles
 from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX
 from polygym.collect.run_files import iter_jsonl

@@ -21,7 +21,7 @@ pytest.importorskip("trl")
 
 import torch
 
-from polygym.blend.mix import parse_spec
+from polygym.blend.spec import parse_spec
 from polygym.training.collector import TokenCollector, TokenStep
 from polygym.training.generation_server import GenerationServerThread, HFGenerator
 from polygym.training.models import tiny_policy, train_top_layers

@@ -1,0 +1,182 @@
+"""Checking dataset rows against the verifiers of the environments they target.
+
+A row can be well formed and still useless: a verifier that requires ``expected_city`` fails on
+every rollout of a row without it, an hour into collection. So rows are checked with the
+verifier's own request model before anything runs, by ``gym data validate`` (``validate_files``)
+and by every blend load (``polygym.blend.mix.load_blend``), with per-environment counts of rows,
+tools, turns and estimated tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from polygym.collect.dataset import Row, agent_of, check_row, read_rows
+from polygym.servers.base import body_model
+from polygym.stack.config import ConfigError
+from polygym.stack.environment import Environment, all_environments, load_server_class
+from polygym.suggest import unknown_name_message
+
+ROLLOUT_FIELDS = frozenset({"response"})
+"""Verify-request fields a rollout adds; a dataset row never carries them."""
+CHARS_PER_TOKEN = 4
+
+
+@dataclass
+class Verifier:
+    """What the verifier of one agent's environment needs from a row."""
+
+    env: str
+    model: type[BaseModel] | None
+    required: list[str]
+    problem: str | None = None
+
+
+def verifier_for(env: Environment, agent: str) -> Verifier:
+    """The verify request model of ``agent``'s resources server and its required row fields."""
+    server = env.resources_server_of(agent)
+    if server is None:
+        return Verifier(env.name, None, [], f"{agent} refers to no resources server in {env.config_path}")
+    try:
+        cls = load_server_class(server)
+    except ConfigError as exc:  # a broken app.py is reported, the other rows are still checked
+        problem = f"cannot load resources server {server.name}: {'; '.join(exc.problems)}"
+        return Verifier(env.name, None, [], problem)
+    model = body_model(cls.verify) if hasattr(cls, "verify") else None
+    if model is None:
+        return Verifier(env.name, None, [])
+    required = [
+        name for name, info in model.model_fields.items() if info.is_required() and name not in ROLLOUT_FIELDS
+    ]
+    return Verifier(env.name, model, required)
+
+
+def check_verifier_fields(row: Row, verifier: Verifier, problems: list[str]) -> None:
+    """Fields the verifier requires, and their types, checked with its own request model."""
+    if verifier.model is None:
+        return
+    data = {"response": {}, **{k: v for k, v in row.data.items() if k not in ROLLOUT_FIELDS}}
+    try:
+        verifier.model.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            loc = tuple(err.get("loc", ()))
+            if not loc or loc[0] in ROLLOUT_FIELDS:
+                continue
+            if loc[0] == "responses_create_params" and (len(loc) < 2 or loc[1] in ("input", "tools")):
+                continue  # shape problems already reported by dataset.check_row
+            key = ".".join(str(p) for p in loc)
+            if err.get("type") == "missing":
+                problems.append(f"{row.where}: {key}: missing (required by the {verifier.env} verifier)")
+            else:
+                problems.append(f"{row.where}: {key}: {err.get('msg', 'invalid')} ({verifier.env} verifier)")
+
+
+@dataclass
+class EnvStats:
+    """Per-environment counts of a checked dataset (tokens estimated as characters / 4)."""
+
+    env: str
+    agent: str
+    rows: int = 0
+    tools: set[str] = field(default_factory=set)
+    turns: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+    def add(self, data: dict[str, Any]) -> None:
+        params = data.get("responses_create_params")
+        params = params if isinstance(params, dict) else {}
+        self.rows += 1
+        for tool in params.get("tools") or []:
+            if isinstance(tool, dict):
+                self.tools.add(str(tool.get("name", tool.get("type"))))
+        prompt = params.get("input")
+        self.turns.append(1 if isinstance(prompt, str) else len(prompt) if isinstance(prompt, list) else 0)
+        chars = len(orjson.dumps(prompt)) + len(orjson.dumps(params.get("tools") or []))
+        self.tokens.append(math.ceil(chars / CHARS_PER_TOKEN))
+
+    def to_dict(self) -> dict[str, Any]:
+        def spread(values: list[int]) -> dict[str, float]:
+            if not values:
+                return {"min": 0, "mean": 0.0, "max": 0}
+            return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
+
+        return {
+            "env": self.env,
+            "agent": self.agent,
+            "rows": self.rows,
+            "tools": sorted(self.tools),
+            "turns": spread(self.turns),
+            "est_tokens": spread(self.tokens),
+        }
+
+
+@dataclass
+class ValidationReport:
+    problems: list[str]
+    stats: list[EnvStats]
+    rows: int
+
+
+def _selected(envs: Sequence[str], problems: list[str]) -> dict[str, Environment]:
+    """Every loadable environment, or only those named (unknown names are problems)."""
+    known = all_environments()
+    if not envs:
+        return known
+    selected: dict[str, Environment] = {}
+    for name in envs:
+        if name in known:
+            selected[name] = known[name]
+        else:
+            problems.append(f"--env {name}: {unknown_name_message('environment', name, known)}")
+    return selected
+
+
+def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> ValidationReport:
+    """Check rows against the environments they target (all known ones, or only ``envs``).
+
+    A row targets the environment whose config defines its ``agent_ref`` agent; with one ``env``
+    given, rows without ``agent_ref`` target it.
+    """
+    problems: list[str] = []
+    environments = _selected(envs, problems)
+    agent_env = {agent: env for env in environments.values() for agent in env.agents}
+    default_agent = None
+    if len(envs) == 1 and envs[0] in environments:
+        default_agent = environments[envs[0]].default_agent()
+    verifiers: dict[str, Verifier] = {}
+    stats: dict[str, EnvStats] = {}
+    total = 0
+    for path in paths:
+        if not path.is_file():
+            problems.append(f"{path}: no such file")
+            continue
+        rows = read_rows(path, problems)
+        if not rows:
+            problems.append(f"{path}: no rows")
+        for row in rows:
+            total += 1
+            check_row(row, problems)
+            if row.data.get("agent_ref") is None and default_agent is None:
+                problems.append(
+                    f"{row.where}: agent_ref: missing; add it, or pass --env NAME for rows of one environment"
+                )
+                continue
+            agent = agent_of(row, default_agent, agent_env, problems)
+            if agent is None or agent not in agent_env:
+                continue  # reported: unknown agent, or no usable --env was given
+            env = agent_env[agent]
+            if agent not in verifiers:
+                verifiers[agent] = verifier_for(env, agent)
+                if verifiers[agent].problem:
+                    problems.append(f"{env.config_path}: {agent}: {verifiers[agent].problem}")
+            check_verifier_fields(row, verifiers[agent], problems)
+            stats.setdefault(agent, EnvStats(env.name, agent)).add(row.data)
+    return ValidationReport(problems, list(stats.values()), total)

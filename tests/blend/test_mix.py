@@ -1,0 +1,73 @@
+"""Resolving a spec against its environments: agents, data files, and every problem at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from polygym.blend.mix import resolve
+from polygym.blend.spec import BlendSpecError, load_spec
+from tests.blend.helpers import ENVS, example, write
+
+
+def problems_of(path: Path) -> list[str]:
+    with pytest.raises(BlendSpecError) as info:
+        resolve(load_spec(path))
+    return info.value.problems
+
+
+def test_data_paths_resolve_against_the_spec_folder_then_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec_dir = tmp_path / "specs"
+    write(spec_dir / "data" / "mine.jsonl", example(ENVS[0]).read_text())
+    write(tmp_path / "work" / "cwd_only.jsonl", example(ENVS[1]).read_text())
+    monkeypatch.chdir(tmp_path / "work")
+    spec = write(
+        spec_dir / "blend.yaml",
+        """
+environments:
+  - name: example_single_tool_call
+    train: data/mine.jsonl
+  - name: example_multi_step
+    train: [cwd_only.jsonl]
+    validation: [missing.jsonl]
+  - name: not_an_env
+    train: [data/mine.jsonl]
+    agent: custom_agent
+prompts_per_step: 3
+""",
+    )
+    problems = problems_of(spec)
+    assert len(problems) == 1
+    assert problems[0].startswith(
+        f"{spec}: environments[1] (example_multi_step).validation[0]: "
+        "file not found: missing.jsonl (looked in"
+    )
+    fixed = write(spec_dir / "ok.yaml", spec.read_text().replace("    validation: [missing.jsonl]\n", ""))
+    resolved = resolve(load_spec(fixed))
+    assert resolved[0].train == [spec_dir / "data" / "mine.jsonl"]
+    assert resolved[1].train == [Path.cwd() / "cwd_only.jsonl"]
+    assert resolved[2].agent == "custom_agent" and resolved[2].environment is None
+
+
+def test_unknown_environment_and_agent_get_suggestions(tmp_path: Path) -> None:
+    spec = write(
+        tmp_path / "s.yaml",
+        """
+environments:
+  - name: example_multi_stp
+  - name: example_single_tool_call
+    agent: example_single_tool_call_agent
+prompts_per_step: 2
+""",
+    )
+    problems = problems_of(spec)
+    assert "environments[0] (example_multi_stp): no train files given and" in problems[0]
+    assert "Did you mean 'example_multi_step'?" in problems[0]
+    assert (
+        "environments[1] (example_single_tool_call).agent: unknown agent 'example_single_tool_call_agent'"
+        in (problems[1])
+    )
+    assert "Did you mean 'example_single_tool_call_simple_agent'?" in problems[1]
