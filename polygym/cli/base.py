@@ -26,6 +26,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, what shells report for a command stopped by Ctrl-C."""
 
 
 class SuggestingGroup(click.Group):

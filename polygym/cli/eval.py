@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shlex
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from rich.table import Table
 
 from polygym.cli.base import (
     EXIT_FAILURE,
+    EXIT_INTERRUPTED,
     EXIT_USAGE,
     SuggestingGroup,
     console,
@@ -26,19 +25,18 @@ from polygym.cli.base import (
     selector_options,
 )
 from polygym.cli.compare import compare_command
+from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
 from polygym.collect.dataset import DatasetError, Job, Materialization, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, Limits
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import AGENT_KIND
 from polygym.stack import records as stacks
-from polygym.stack.config import ConfigError, StackConfig
-from polygym.stack.launcher import BACKENDS, LaunchError, Stack
+from polygym.stack.config import ConfigError
+from polygym.stack.launcher import BACKENDS, LaunchError
+from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
-
-EXIT_INTERRUPTED = 130
 
 
 @click.group(cls=SuggestingGroup)
@@ -179,12 +177,14 @@ def run(**opts: Any) -> None:
         fail("pass exactly one of --input FILE or --blend SPEC", EXIT_USAGE)
     if opts["blend_path"] is not None:
         sys.exit(_run_blend(opts, limits, sampling))
-    config = None
-    if not opts["no_serve"]:
+    if opts["no_serve"]:
+        target = StackTarget(head_url=discover_head(opts["head_url"]))
+    else:
         config = load_stack_config(
             opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"]
         )
-    sys.exit(run_async(_run(opts, config, materialization, limits)))
+        target = StackTarget(config, backend=opts["backend"])
+    sys.exit(run_async(_run(opts, target, materialization, limits)))
 
 
 def _run_blend(opts: dict[str, Any], limits: Limits, sampling: dict[str, Any]) -> int:
@@ -192,25 +192,24 @@ def _run_blend(opts: dict[str, Any], limits: Limits, sampling: dict[str, Any]) -
     if opts["steps"] is None:
         fail("--blend needs --steps N", EXIT_USAGE)
     spec = load_spec_or_exit(opts["blend_path"])
-    config = None
-    if not opts["no_serve"]:
+    if opts["no_serve"]:
+        target = StackTarget(head_url=discover_head(opts["head_url"]))
+    else:
         config = blend_stack_config(
             spec, opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"]
         )
-    head = discover_head(opts["head_url"]) if opts["no_serve"] else None
+        target = StackTarget(config, backend=opts["backend"])
     start = next_step(opts["output_path"]) if opts["resume"] else opts["start_step"]
     return run_async(
         run_blend(
             spec,
-            config,
+            target,
             opts["steps"],
             opts["output_path"],
             limits,
             start,
             opts["step_timeout_s"],
             opts["overwrite"],
-            head,
-            opts["backend"],
             sampling,
         )
     )
@@ -233,50 +232,29 @@ def _load(opts: dict[str, Any], agents: list[str], materialization: Materializat
 
 
 async def _run(
-    opts: dict[str, Any], config: StackConfig | None, materialization: Materialization, limits: Limits
+    opts: dict[str, Any], target: StackTarget, materialization: Materialization, limits: Limits
 ) -> int:
-    stack: Stack | None = None
-    client: ServerClient | None = None
     try:
-        if config is not None:
-            jobs = _load(opts, [s.name for s in config.by_kind(AGENT_KIND)], materialization)
-            stack = Stack(config, opts["backend"], head_port=0)
-            await stack.start()
-            client = stack.client or ServerClient(stack.head_url, pool_size=limits.concurrency)
-        else:
-            client = ServerClient(discover_head(opts["head_url"]), pool_size=max(64, limits.concurrency))
-            servers = await client.servers()
-            jobs = _load(opts, [s["name"] for s in servers if s["kind"] == AGENT_KIND], materialization)
-        return await _collect(client, jobs, opts, limits)
+        async with StackSession(target, limits.concurrency) as session:
+            jobs = _load(opts, session.agents, materialization)
+            client = await session.connect()
+            return await _collect(client, jobs, opts, limits)
     except (LaunchError, ConfigError, RunFileError) as exc:
         console(stderr=True).print("[red]error:[/]", escape(str(exc)))
         return EXIT_USAGE if isinstance(exc, RunFileError | ConfigError) else EXIT_FAILURE
     except ServerCallError as exc:
         console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
         return EXIT_FAILURE
-    finally:
-        if client is not None and (stack is None or client is not stack.client):
-            await client.close()
-        if stack is not None:
-            await stack.stop()
 
 
 async def _collect(client: ServerClient, jobs: list[Job], opts: dict[str, Any], limits: Limits) -> int:
     files = RunFiles(opts["output_path"])
-    task = asyncio.ensure_future(
-        run_eval(client, jobs, files, limits, opts["resume"], opts["overwrite"], opts["progress_interval"])
-    )
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
+    work = run_eval(client, jobs, files, limits, opts["resume"], opts["overwrite"], opts["progress_interval"])
     try:
-        summary = await task
-    except asyncio.CancelledError:
+        summary = await until_interrupted(work)
+    except Interrupted:
         _print_interrupted(files)
         return EXIT_INTERRUPTED
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
     _print_summary(files, summary)
     if opts["max_failures"] is not None and summary.failed > opts["max_failures"]:
         console(stderr=True).print(

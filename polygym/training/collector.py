@@ -47,9 +47,8 @@ from polygym.blend.stepwise import (
 from polygym.blend.stepwise import stream_steps as _stream_steps
 from polygym.collect.rollouts import Limits
 from polygym.net.client import ServerClient
-from polygym.protocol import AGENT_KIND
 from polygym.stack.config import StackConfig
-from polygym.stack.launcher import Stack
+from polygym.stack.session import StackSession, StackTarget
 from polygym.training.advantages import zero_variance_groups
 from polygym.training.tokens import TokenRollout, assemble
 
@@ -238,19 +237,15 @@ class TokenCollector:
         overwrite: bool = False,
         backend: str = "inline",
     ) -> None:
-        if (head_url is None) == (stack_config is None):
-            raise ValueError("give exactly one of head_url (a running stack) or stack_config (start one)")
         self.blend = spec if isinstance(spec, Blend) else load_blend(spec)
         self.output = Path(output)
-        self.head_url = head_url
-        self.stack_config = stack_config
+        self.target = StackTarget(stack_config, head_url, backend, record=False)
         self.limits = limits or Limits()
         self.sampling = sampling
         self.step_timeout_s = step_timeout_s
         self.overwrite = overwrite
-        self.backend = backend
-        self.stack: Stack | None = None
         self.client: ServerClient | None = None
+        self._session: StackSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stream: AsyncIterator[TokenStep] | None = None
@@ -278,20 +273,10 @@ class TokenCollector:
             raise
 
     async def _open(self) -> None:
-        if self.stack_config is not None:
-            self.stack = Stack(self.stack_config, self.backend, head_port=0, record=False)
-            await self.stack.start()
-            self.client = self.stack.client or ServerClient(self.stack.head_url)
-        else:
-            assert self.head_url is not None
-            self.client = ServerClient(self.head_url, pool_size=max(64, self.limits.concurrency))
-        servers = await self.client.servers()
-        agents = [s["name"] for s in servers if s.get("kind") == AGENT_KIND]
-        missing = [f"{e.name} ({e.agent})" for e in self.blend.environments if e.agent not in agents]
-        if missing:
-            raise ValueError(
-                f"the stack has no agent for: {', '.join(missing)}; its agents: {', '.join(agents) or 'none'}"
-            )
+        self._session = StackSession(self.target, self.limits.concurrency)
+        await self._session.__aenter__()
+        self._session.require_agents({f"environment {e.name}": e.agent for e in self.blend.environments})
+        self.client = await self._session.connect()
 
     def close(self) -> None:
         if self._loop is None:
@@ -306,11 +291,9 @@ class TokenCollector:
 
     async def _shutdown(self) -> None:
         await self._close_stream()
-        if self.stack is not None:
-            await self.stack.stop()
-        elif self.client is not None:
-            await self.client.close()
-        self.stack = None
+        if self._session is not None:
+            await self._session.close()
+        self._session = None
         self.client = None
 
     async def _close_stream(self) -> None:

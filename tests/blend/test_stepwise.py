@@ -20,6 +20,7 @@ from polygym.collect.run_files import RunFileError, iter_jsonl
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.launcher import Stack
+from polygym.stack.session import StackTarget
 from tests.conftest import ROOT
 
 ENVS = ("example_single_tool_call", "example_multi_step")
@@ -181,7 +182,8 @@ async def test_run_blend_helper_starts_a_stack_and_prints_steps(
 ) -> None:
     config = load_config(selector_paths(list(ENVS), ["scripted_model"], []), env_files=[])
     out = tmp_path / "cli.jsonl"
-    code = await run_blend(spec(tmp_path), config, 2, out, Limits(concurrency=4))
+    target = StackTarget(config, record=False)
+    code = await run_blend(spec(tmp_path), target, 2, out, Limits(concurrency=4))
     assert code == 0
     printed = capsys.readouterr().out
     assert "step 0" in printed and "step 1" in printed
@@ -192,5 +194,5 @@ async def test_run_blend_helper_starts_a_stack_and_prints_steps(
         "test",
         tmp_path,
     )
-    assert await run_blend(unknown, config, 1, tmp_path / "u.jsonl", Limits()) == 2
+    assert await run_blend(unknown, target, 1, tmp_path / "u.jsonl", Limits()) == 2
     assert "unknown agent 'nobody'" in capsys.readouterr().err
