@@ -43,17 +43,24 @@ import orjson
 from polygym.blend.mix import Blend, BlendSpec, load_blend
 from polygym.blend.planner import Plan
 from polygym.blend.sampler import Step, StepSampler
-from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.rollouts import Limits, Result, collect, failure_record
+from polygym.collect.row import (
+    ALL_ENVS,
+    ENV_FIELD,
+    PASS_THRESHOLD,
+    ROLLOUT_INDEX,
+    STEP_FIELD,
+    TASK_INDEX,
+    Job,
+    make_job,
+    reward,
+    total_tokens,
+)
 from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, iter_jsonl
 from polygym.net.client import ServerClient
 
-STEP_FIELD = "_pg_step"
-ENV_FIELD = "_pg_env"
-ALL_ENVS = "_all"
 STRAGGLER = "Straggler"
-PASS_THRESHOLD = 1.0
 
 
 @dataclass(frozen=True)
@@ -106,18 +113,6 @@ class StepReport:
         return [{**asdict(r), **extra} for r in (*self.envs.values(), self.total)]
 
 
-def _tokens(rollout: dict[str, Any]) -> int:
-    response = rollout.get("response")
-    usage = response.get("usage") if isinstance(response, dict) else None
-    value = usage.get("total_tokens") if isinstance(usage, dict) else None
-    return int(value) if isinstance(value, int | float) else 0
-
-
-def _reward(rollout: dict[str, Any]) -> float:
-    value = rollout.get("reward")
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
-
-
 def _env_report(
     step: int,
     env: str,
@@ -130,7 +125,7 @@ def _env_report(
     finished_total: int,
 ) -> EnvStepReport:
     ok = [r.rollout for r in results if r.rollout is not None]
-    rewards = [_reward(r) for r in ok]
+    rewards = [reward(r) for r in ok]
     return EnvStepReport(
         step=step,
         env=env,
@@ -146,21 +141,22 @@ def _env_report(
         reward_mean=statistics.fmean(rewards) if rewards else None,
         reward_std=statistics.pstdev(rewards) if rewards else None,
         pass_rate=sum(r >= PASS_THRESHOLD for r in rewards) / len(rewards) if rewards else None,
-        tokens=sum(_tokens(r) for r in ok),
+        tokens=sum(total_tokens(r) for r in ok),
         latency_mean_s=statistics.fmean(r.latency_s for r in results) if results else None,
     )
 
 
-def step_jobs(step: Step, plan: Plan, sampling: dict[str, Any] | None = None) -> dict[str, list[Job]]:
-    """The jobs of one step by environment: each prompt times ``responses_per_prompt``."""
+def step_jobs(
+    step: Step, plan: Plan, sampling: dict[str, Any] | None = None, seed: int | None = None
+) -> dict[str, list[Job]]:
+    """The jobs of one step by environment: each prompt times ``responses_per_prompt``
+    (``sampling`` and ``seed`` as in ``make_job``)."""
     jobs: dict[str, list[Job]] = {env.name: [] for env in plan.environments}
     for i, item in enumerate(step.items):
         task = step.number * plan.prompts_per_step + i
         agent = item.row["agent_ref"]["name"]
-        params = {**item.row["responses_create_params"], **(sampling or {})}
         for rollout in range(plan.responses_per_prompt):
-            row = {**item.row, "responses_create_params": params, TASK_INDEX: task, ROLLOUT_INDEX: rollout}
-            jobs[item.env].append(Job(agent, task, rollout, row))
+            jobs[item.env].append(make_job(item.row, agent, task, rollout, sampling, seed))
     return jobs
 
 

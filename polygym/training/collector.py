@@ -31,21 +31,15 @@ import contextlib
 import statistics
 import threading
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 from polygym.blend.mix import Blend, BlendSpec, load_blend
-from polygym.blend.stepwise import (
-    ALL_ENVS,
-    PASS_THRESHOLD,
-    EnvStepReport,
-    StepFiles,
-    StepReport,
-    prepare_step_files,
-)
+from polygym.blend.stepwise import EnvStepReport, StepFiles, StepReport, prepare_step_files
 from polygym.blend.stepwise import stream_steps as _stream_steps
 from polygym.collect.rollouts import Limits
+from polygym.collect.row import ALL_ENVS, ENV_FIELD
 from polygym.net.client import ServerClient
 from polygym.stack.config import StackConfig
 from polygym.stack.session import StackSession, StackTarget
@@ -58,29 +52,17 @@ _FOREVER = 1 << 40
 
 
 @dataclass
-class EnvTokenStats:
-    """One environment in one training step (also the ``_all`` roll-up)."""
+class EnvTokenStats(EnvStepReport):
+    """One environment in one training step (also the ``_all`` roll-up): the step report's fields
+    (shares, counts, reward mean/std, pass rate, latency) plus what only token rollouts tell."""
 
-    step: int
-    env: str
-    target_share: float
-    planned_share: float
-    realized_share: float
-    prompts: int
-    rollouts: int
-    """Rollouts planned (prompts x responses_per_prompt)."""
-    completed: int
-    failures: int
-    stragglers: int
-    reward_mean: float | None
-    reward_std: float | None
-    pass_rate: float | None
+    tokens: int
+    """Here: tokens of the assembled sequences (prompt, environment and generated), what a trainer
+    trains on; the step report counts the model servers' ``usage.total_tokens`` instead."""
     groups: int
     zero_variance_groups: int
     zero_variance_share: float | None
     """Share of prompt groups whose responses all got the same reward (no GRPO signal)."""
-    tokens: int
-    """Tokens of the assembled sequences (prompt, environment and generated)."""
     generated_tokens: int
     turns_mean: float | None
     truncated: int
@@ -95,7 +77,7 @@ class EnvTokenStats:
 
     def log_values(self) -> dict[str, float]:
         """Numeric fields for a trainer's logger (``None`` values left out)."""
-        skip = {"step", "env", "reward_components"}
+        skip = {"step", "env", "agent", "reward_components"}
         out = {
             k: float(v)
             for k, v in asdict(self).items()
@@ -113,24 +95,12 @@ def env_token_stats(report: EnvStepReport, rollouts: list[TokenRollout]) -> EnvT
     for rollout in rollouts:
         for key, value in rollout.reward_components.items():
             components.setdefault(key, []).append(value)
+    step_fields = {f.name: getattr(report, f.name) for f in fields(EnvStepReport)}
     return EnvTokenStats(
-        step=report.step,
-        env=report.env,
-        target_share=report.target_share,
-        planned_share=report.planned_share,
-        realized_share=report.realized_share,
-        prompts=report.prompts,
-        rollouts=report.rollouts,
-        completed=len(rollouts),
-        failures=report.failures,
-        stragglers=report.stragglers,
-        reward_mean=statistics.fmean(rewards) if rewards else None,
-        reward_std=statistics.pstdev(rewards) if rewards else None,
-        pass_rate=sum(r >= PASS_THRESHOLD for r in rewards) / len(rewards) if rewards else None,
+        **{**step_fields, "tokens": sum(len(r.input_ids) for r in rollouts)},
         groups=groups,
         zero_variance_groups=flat,
         zero_variance_share=flat / groups if groups else None,
-        tokens=sum(len(r.input_ids) for r in rollouts),
         generated_tokens=sum(r.generated_tokens for r in rollouts),
         turns_mean=statistics.fmean(r.num_turns for r in rollouts) if rollouts else None,
         truncated=sum(r.truncated for r in rollouts),
@@ -173,7 +143,7 @@ def token_step(report: StepReport, input_keys: dict[str, set[str]] | None = None
     """Assemble a step report's rollouts and compute its per-environment token stats."""
     input_keys = input_keys or {}
     rollouts = [
-        assemble(r, env=r.get("_pg_env"), input_keys=input_keys.get(str(r.get("_pg_env")), ()))
+        assemble(r, env=r.get(ENV_FIELD), input_keys=input_keys.get(str(r.get(ENV_FIELD)), ()))
         for r in report.rollouts
     ]
     rollouts.sort(key=lambda r: (r.group_id, r.rollout_index))

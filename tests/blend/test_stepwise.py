@@ -12,10 +12,10 @@ import orjson
 import pytest
 
 from polygym.blend.mix import BlendSpec, load_blend, parse_spec
-from polygym.blend.stepwise import ALL_ENVS, ENV_FIELD, STEP_FIELD, STRAGGLER, StepFiles, run_steps
+from polygym.blend.stepwise import STRAGGLER, StepFiles, run_steps
 from polygym.cli.train import next_step, run_blend
-from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX
 from polygym.collect.rollouts import Limits
+from polygym.collect.row import ALL_ENVS, ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX
 from polygym.collect.run_files import RunFileError, iter_jsonl
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
