@@ -64,6 +64,35 @@ STRAGGLER = "Straggler"
 
 
 @dataclass(frozen=True)
+class StepSettings:
+    """How steps are collected, for ``gym eval run --blend`` and trainers alike.
+
+    The blend spec fixes *what* each step holds; these settings fix how it is sent. Together they
+    determine every job, so a run continued at a step checks them against what was written.
+    """
+
+    steps: int
+    """Steps to collect."""
+    start_step: int = 0
+    """First step; > 0 continues a run in the same files (records of later steps are dropped)."""
+    limits: Limits = field(default_factory=Limits)
+    """Concurrency (shared out per environment; per-agent caps apply) and the per-rollout timeout."""
+    step_timeout_s: float | None = None
+    """Step deadline; rollouts unfinished by then are recorded as stragglers (None: no deadline)."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """Fields set in every request (``temperature``, ``max_output_tokens``...)."""
+    seed: int | None = None
+    """Request seed: response ``r`` of a prompt is sent with ``seed + r`` (None: the row's own)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.start_step < 0:
+            raise ValueError("steps and start_step must be >= 0")
+
+    def jobs(self, step: Step, plan: Plan) -> dict[str, list[Job]]:
+        return step_jobs(step, plan, self.sampling, self.seed)
+
+
+@dataclass(frozen=True)
 class StepFiles(RunFiles):
     """``RunFiles`` plus ``X_steps.jsonl``."""
 
@@ -215,11 +244,12 @@ def _keep_before(path: Path, start_step: int, step_of: Callable[[dict[str, Any]]
 
 
 def prepare_step_files(
-    files: StepFiles, sampler: StepSampler, start_step: int, overwrite: bool, sampling: dict[str, Any] | None
+    files: StepFiles, sampler: StepSampler, settings: StepSettings, overwrite: bool
 ) -> None:
     """Fresh files at step 0; at a later step, keep earlier steps and check they match the spec."""
     files.output.parent.mkdir(parents=True, exist_ok=True)
     prompts = sampler.plan.prompts_per_step
+    start_step = settings.start_step
     if start_step == 0:
         existing = [p for p in (files.output, files.materialized) if p.exists() and p.stat().st_size]
         if existing and not overwrite:
@@ -237,7 +267,7 @@ def prepare_step_files(
     if previous:
         expected = [
             job.row
-            for env_jobs in step_jobs(sampler.step(start_step - 1), sampler.plan, sampling).values()
+            for env_jobs in settings.jobs(sampler.step(start_step - 1), sampler.plan).values()
             for job in env_jobs
         ]
         key = lambda r: (r[TASK_INDEX], r[ROLLOUT_INDEX])  # noqa: E731
@@ -295,19 +325,15 @@ class _StepRecorder:
 async def stream_steps(
     client: ServerClient,
     blend: Blend,
-    steps: int,
     files: StepFiles,
-    limits: Limits | None = None,
-    start_step: int = 0,
-    step_timeout_s: float | None = None,
-    sampling: dict[str, Any] | None = None,
+    settings: StepSettings,
     summary: RunSummary | None = None,
 ) -> AsyncIterator[StepReport]:
     """Collect steps ``start_step .. start_step + steps - 1``; yields each step's report as it ends.
 
     Files must have been prepared (``prepare_step_files``); every line is flushed as it is written.
     """
-    limits = limits or Limits()
+    deadline_s = settings.step_timeout_s
     plan = blend.plan()
     sampler = blend.sampler(plan)
     agents = {env.name: env.agent for env in blend.environments}
@@ -316,17 +342,17 @@ async def stream_steps(
         files.materialized.open("ab") as inputs,
         files.steps.open("ab") as log,
     ):
-        for step in sampler.steps(start_step, steps):
-            jobs = step_jobs(step, plan, sampling)
+        for step in sampler.steps(settings.start_step, settings.steps):
+            jobs = settings.jobs(step, plan)
             inputs.write(
                 b"".join(orjson.dumps(j.row) + b"\n" for env_jobs in jobs.values() for j in env_jobs)
             )
             inputs.flush()
             recorder = _StepRecorder(step.number, writer, summary)
             began = time.perf_counter()
-            timed_out = await _collect_step(client, jobs, limits, step_timeout_s, recorder.record)
+            timed_out = await _collect_step(client, jobs, settings.limits, deadline_s, recorder.record)
             elapsed = time.perf_counter() - began
-            stragglers = recorder.stragglers(jobs, step_timeout_s, elapsed)
+            stragglers = recorder.stragglers(jobs, deadline_s, elapsed)
             results, rollouts = recorder.results, recorder.rollouts
             report = _report(step, plan, agents, jobs, results, stragglers, elapsed, timed_out, rollouts)
             log.write(b"".join(orjson.dumps(line) + b"\n" for line in report.lines()))
@@ -378,31 +404,24 @@ def _report(
 async def run_steps(
     client: ServerClient,
     spec: BlendSpec | Blend,
-    steps: int,
     output: Path,
-    limits: Limits | None = None,
-    start_step: int = 0,
-    step_timeout_s: float | None = None,
+    settings: StepSettings,
     overwrite: bool = False,
-    sampling: dict[str, Any] | None = None,
     on_step: Callable[[StepReport], None] | None = None,
 ) -> list[StepReport]:
-    """Collect ``steps`` training steps from ``start_step`` into ``output`` (see the module doc).
+    """Collect ``settings.steps`` training steps from ``settings.start_step`` into ``output`` (see
+    the module doc).
 
     ``start_step > 0`` continues a run: records of steps >= start_step are dropped from the files
     first (the partial step of an interrupted run), the rest is kept. Raises RunFileError when the
     files belong to another run, and blend/dataset errors when the spec or its data is bad.
     """
-    if steps < 0 or start_step < 0:
-        raise ValueError("steps and start_step must be >= 0")
     blend = spec if isinstance(spec, Blend) else load_blend(spec)
     files = StepFiles(output)
-    prepare_step_files(files, blend.sampler(), start_step, overwrite, sampling)
-    summary = RunSummary(total=steps * blend.spec.global_batch_size, skipped=0)
+    prepare_step_files(files, blend.sampler(), settings, overwrite)
+    summary = RunSummary(total=settings.steps * blend.spec.global_batch_size, skipped=0)
     reports: list[StepReport] = []
-    async for report in stream_steps(
-        client, blend, steps, files, limits, start_step, step_timeout_s, sampling, summary
-    ):
+    async for report in stream_steps(client, blend, files, settings, summary):
         report.rollouts = []  # kept on disk; a long run must not hold every rollout in memory
         reports.append(report)
         if on_step is not None:

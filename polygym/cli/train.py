@@ -17,7 +17,7 @@ from rich.table import Table
 
 from polygym.blend.mix import BlendSpec, BlendSpecError, count_rows, load_blend, load_spec, resolve
 from polygym.blend.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
-from polygym.blend.stepwise import StepFiles, StepReport, environments_to_serve, run_steps
+from polygym.blend.stepwise import StepFiles, StepReport, StepSettings, environments_to_serve, run_steps
 from polygym.cli.base import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -29,7 +29,6 @@ from polygym.cli.base import (
 )
 from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.collect.dataset import DatasetError
-from polygym.collect.rollouts import Limits
 from polygym.collect.run_files import RunFileError, iter_jsonl
 from polygym.net.client import ServerCallError
 from polygym.stack.config import ConfigError, StackConfig
@@ -148,16 +147,14 @@ def print_step(report: StepReport) -> None:
 async def run_blend(
     spec: BlendSpec,
     target: StackTarget,
-    steps: int,
     output: Path,
-    limits: Limits,
-    start_step: int = 0,
-    step_timeout_s: float | None = None,
+    settings: StepSettings,
     overwrite: bool = False,
-    sampling: dict[str, Any] | None = None,
+    max_failures: int | None = None,
 ) -> int:
-    """Collect ``steps`` steps of ``spec`` on the stack ``target`` starts or joins, print a line per
-    step, and return the exit code (2 bad input, 1 stack trouble, 130 Ctrl-C)."""
+    """Collect ``settings.steps`` steps of ``spec`` on the stack ``target`` starts or joins, print
+    a line per step, and return the exit code: 2 bad input, 1 stack trouble or more than
+    ``max_failures`` failed rollouts (stragglers included), 130 Ctrl-C."""
     err = console(stderr=True)
     try:
         blend = load_blend(spec)
@@ -166,26 +163,16 @@ async def run_blend(
         err.print("[red]error:[/]", escape(str(exc)))
         return EXIT_USAGE
     try:
-        async with StackSession(target, limits.concurrency) as session:
+        async with StackSession(target, settings.limits.concurrency) as session:
             session.require_agents({f"environment {env.name}": env.agent for env in blend.environments})
             client = await session.connect()
-            work = run_steps(
-                client,
-                blend,
-                steps,
-                output,
-                limits,
-                start_step,
-                step_timeout_s,
-                overwrite,
-                sampling,
-                print_step,
+            reports = await until_interrupted(
+                run_steps(client, blend, output, settings, overwrite, print_step)
             )
-            reports = await until_interrupted(work)
     except Interrupted:
-        resume_at = next_step(output, start_step)
+        resume_at = next_step(output, settings.start_step)
         err.print(
-            f"[yellow]interrupted:[/] steps {start_step}..{resume_at - 1} are complete in "
+            f"[yellow]interrupted:[/] steps {settings.start_step}..{resume_at - 1} are complete in "
             f"{escape(str(output))}; continue with --start-step {resume_at}"
         )
         return EXIT_INTERRUPTED
@@ -195,7 +182,10 @@ async def run_blend(
     except (LaunchError, ServerCallError) as exc:
         err.print("[red]error:[/]", escape(str(exc)))
         return EXIT_FAILURE
-    _print_collected(reports, output, start_step, steps)
+    failed = _print_collected(reports, output, settings)
+    if max_failures is not None and failed > max_failures:
+        err.print(f"[red]error:[/] {failed} rollouts failed or straggled (--max-failures {max_failures})")
+        return EXIT_FAILURE
     return 0
 
 
@@ -205,15 +195,17 @@ def next_step(output: Path, start: int = 0) -> int:
     return max([start - 1, *(s for s in finished if isinstance(s, int))]) + 1
 
 
-def _print_collected(reports: list[StepReport], output: Path, start: int, steps: int) -> None:
+def _print_collected(reports: list[StepReport], output: Path, settings: StepSettings) -> int:
+    """Print the run's totals; returns the rollouts that failed or straggled."""
     stragglers = sum(r.total.stragglers for r in reports)
     failures = sum(r.total.failures for r in reports)
-    files = StepFiles(output)
+    start, files = settings.start_step, StepFiles(output)
     console().print(
-        f"{len(reports)} steps ({start}..{start + steps - 1}) collected: "
+        f"{len(reports)} steps ({start}..{start + settings.steps - 1}) collected: "
         f"{sum(r.total.completed for r in reports)} rollouts, {failures} failed, {stragglers} stragglers. "
         f"Files: {', '.join(str(p) for p in files.all())}"
     )
+    return failures + stragglers
 
 
 # ------------------------------------------------------------------------------ gym train run

@@ -31,12 +31,12 @@ import contextlib
 import statistics
 import threading
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from polygym.blend.mix import Blend, BlendSpec, load_blend
-from polygym.blend.stepwise import EnvStepReport, StepFiles, StepReport, prepare_step_files
+from polygym.blend.stepwise import EnvStepReport, StepFiles, StepReport, StepSettings, prepare_step_files
 from polygym.blend.stepwise import stream_steps as _stream_steps
 from polygym.collect.rollouts import Limits
 from polygym.collect.row import ALL_ENVS, ENV_FIELD
@@ -160,28 +160,19 @@ def _input_keys(blend: Blend) -> dict[str, set[str]]:
 
 
 async def stream_token_steps(
-    client: ServerClient,
-    blend: Blend,
-    output: Path,
-    steps: int | None = None,
-    start_step: int = 0,
-    limits: Limits | None = None,
-    step_timeout_s: float | None = None,
-    sampling: dict[str, Any] | None = None,
-    overwrite: bool = False,
+    client: ServerClient, blend: Blend, output: Path, settings: StepSettings, overwrite: bool = False
 ) -> AsyncIterator[TokenStep]:
-    """Collect steps ``start_step, start_step + 1, ...`` (``steps`` of them, or until the caller
-    stops iterating) with token capture on; yields each finished step as a ``TokenStep``.
+    """Collect steps ``start_step, start_step + 1, ...`` (``settings.steps`` of them, or fewer when
+    the caller stops iterating) with token capture on; yields each finished step as a ``TokenStep``.
 
     ``start_step > 0`` continues a run in ``output`` (earlier steps kept, later ones dropped);
     ``start_step == 0`` needs ``overwrite`` when ``output`` already holds a run.
     """
-    sampling = {**(sampling or {}), **TOKEN_SAMPLING}
+    settings = replace(settings, sampling={**settings.sampling, **TOKEN_SAMPLING})
     files = StepFiles(output)
-    prepare_step_files(files, blend.sampler(), start_step, overwrite, sampling)
+    prepare_step_files(files, blend.sampler(), settings, overwrite)
     keys = _input_keys(blend)
-    count = _FOREVER if steps is None else steps
-    reports = _stream_steps(client, blend, count, files, limits, start_step, step_timeout_s, sampling)
+    reports = _stream_steps(client, blend, files, settings)
     async with contextlib.aclosing(reports) as stream:
         async for report in stream:
             yield token_step(report, keys)
@@ -288,16 +279,10 @@ class TokenCollector:
         if self._stream is None or number != self._next:
             await self._close_stream()
             assert self.client is not None
-            self._stream = stream_token_steps(
-                self.client,
-                self.blend,
-                self.output,
-                start_step=number,
-                limits=self.limits,
-                step_timeout_s=self.step_timeout_s,
-                sampling=self.sampling,
-                overwrite=self.overwrite,
+            settings = StepSettings(
+                _FOREVER, number, self.limits, self.step_timeout_s, dict(self.sampling or {})
             )
+            self._stream = stream_token_steps(self.client, self.blend, self.output, settings, self.overwrite)
             self.overwrite = True  # this collector's own files from here on
         result = await anext(self._stream)
         self._next = number + 1
