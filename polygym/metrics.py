@@ -13,8 +13,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-TASK_FIELD = "_ng_task_index"
-SKIP_FIELDS = frozenset({"_ng_task_index", "_ng_rollout_index"})
+from polygym.collect.row import INDEX_FIELDS, PASS_THRESHOLD, TASK_INDEX, reward, usage
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -36,27 +35,16 @@ def k_values(n: int) -> list[int]:
     return ks
 
 
-def reward_of(rollout: dict[str, Any]) -> float:
-    """The rollout's reward, or 0.0 when it is missing or not a finite number."""
-    value = rollout.get("reward")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return 0.0
-    return float(value)
-
-
 def numeric_fields(rollout: dict[str, Any]) -> dict[str, float]:
     """Top-level numeric verifier fields plus token usage, the values worth summarising."""
     values = {
         key: float(value)
         for key, value in rollout.items()
-        if key not in SKIP_FIELDS and isinstance(value, int | float) and math.isfinite(value)
+        if key not in INDEX_FIELDS and isinstance(value, int | float) and math.isfinite(value)
     }
-    usage = (
-        (rollout.get("response") or {}).get("usage") if isinstance(rollout.get("response"), dict) else None
-    )
-    for key in ("input_tokens", "output_tokens", "total_tokens"):
-        if isinstance(usage, dict) and isinstance(usage.get(key), int | float):
-            values[f"usage/{key}"] = float(usage[key])
+    if "reward" in rollout:
+        values["reward"] = reward(rollout)  # booleans and bad values read as everywhere else
+    values.update({f"usage/{key}": count for key, count in usage(rollout).items()})
     return values
 
 
@@ -93,20 +81,20 @@ def majority_correct(answers: list[tuple[Any, bool]]) -> float:
 
 
 def group_metrics(
-    rollouts: list[dict[str, Any]], pass_threshold: float = 1.0, answer_field: str | None = None
+    rollouts: list[dict[str, Any]], pass_threshold: float = PASS_THRESHOLD, answer_field: str | None = None
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """pass@k, pass@1[avg-of-k] and majority@k over tasks, plus one summary row per task."""
     groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for rollout in rollouts:
-        groups[rollout.get(TASK_FIELD)].append(rollout)
+        groups[rollout.get(TASK_INDEX)].append(rollout)
     sums: dict[str, list[float]] = defaultdict(list)
     rows = []
     for task, members in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0])):
         n = len(members)
-        correct = [reward_of(r) >= pass_threshold for r in members]
+        correct = [reward(r) >= pass_threshold for r in members]
         c = sum(correct)
-        row: dict[str, Any] = {TASK_FIELD: task, "num_rollouts": n, "num_correct": c}
-        row["mean/reward"] = statistics.fmean(reward_of(r) for r in members)
+        row: dict[str, Any] = {TASK_INDEX: task, "num_rollouts": n, "num_correct": c}
+        row["mean/reward"] = statistics.fmean(reward(r) for r in members)
         for k in k_values(n):
             row[f"pass@{k}"] = pass_at_k(n, c, k)
         row["pass@1[avg-of-k]"] = c / n
@@ -122,7 +110,7 @@ def group_metrics(
 
 
 def aggregate(
-    rollouts: list[dict[str, Any]], pass_threshold: float = 1.0, answer_field: str | None = None
+    rollouts: list[dict[str, Any]], pass_threshold: float = PASS_THRESHOLD, answer_field: str | None = None
 ) -> dict[str, Any]:
     """The metrics block of one agent: ``agent_metrics``, ``key_metrics``, ``group_level_metrics``."""
     if not rollouts:

@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from polygym.collect.row import ALL_ENVS_LABEL
+
 DEFAULT_WARN_BELOW = 2
 SHARE_DRIFT_WARNING = Fraction(1, 5)
 """Warn when an environment's planned share differs from its weight share by more than 20%."""
@@ -307,11 +309,11 @@ def _warnings(
 
 
 def plan_summary_rows(plan: Plan) -> list[dict[str, Any]]:
-    """Rows for a table: one per environment plus an ``(all)`` total."""
+    """Rows for a table: one per environment plus the all-environments total."""
     rows = [asdict(env) for env in plan.environments]
     rows.append(
         {
-            "name": "(all)",
+            "name": ALL_ENVS_LABEL,
             "weight": sum(env.weight for env in plan.environments),
             "target_share": 1.0,
             "quota": plan.prompts_per_step,

@@ -44,18 +44,54 @@ from polygym.blend.mix import Blend, load_blend
 from polygym.blend.planner import Plan
 from polygym.blend.sampler import Step, StepSampler
 from polygym.blend.spec import BlendSpec
-from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.rollouts import Limits, Result, collect, failure_record
+from polygym.collect.row import (
+    ALL_ENVS,
+    ENV_FIELD,
+    PASS_THRESHOLD,
+    ROLLOUT_INDEX,
+    STEP_FIELD,
+    TASK_INDEX,
+    Job,
+    make_job,
+    reward,
+    total_tokens,
+)
 from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, iter_jsonl
 from polygym.net.client import ServerClient
 from polygym.stack.environment import EnvironmentNotFoundError, config_file
 
-STEP_FIELD = "_pg_step"
-ENV_FIELD = "_pg_env"
-ALL_ENVS = "_all"
 STRAGGLER = "Straggler"
-PASS_THRESHOLD = 1.0
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """How steps are collected, for ``gym eval run --blend`` and trainers alike.
+
+    The blend spec fixes *what* each step holds; these settings fix how it is sent. Together they
+    determine every job, so a run continued at a step checks them against what was written.
+    """
+
+    steps: int
+    """Steps to collect."""
+    start_step: int = 0
+    """First step; > 0 continues a run in the same files (records of later steps are dropped)."""
+    limits: Limits = field(default_factory=Limits)
+    """Concurrency (shared out per environment; per-agent caps apply) and the per-rollout timeout."""
+    step_timeout_s: float | None = None
+    """Step deadline; rollouts unfinished by then are recorded as stragglers (None: no deadline)."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """Fields set in every request (``temperature``, ``max_output_tokens``...)."""
+    seed: int | None = None
+    """Request seed: response ``r`` of a prompt is sent with ``seed + r`` (None: the row's own)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.start_step < 0:
+            raise ValueError("steps and start_step must be >= 0")
+
+    def jobs(self, step: Step, plan: Plan) -> dict[str, list[Job]]:
+        return step_jobs(step, plan, self.sampling, self.seed)
 
 
 @dataclass(frozen=True)
@@ -108,18 +144,6 @@ class StepReport:
         return [{**asdict(r), **extra} for r in (*self.envs.values(), self.total)]
 
 
-def _tokens(rollout: dict[str, Any]) -> int:
-    response = rollout.get("response")
-    usage = response.get("usage") if isinstance(response, dict) else None
-    value = usage.get("total_tokens") if isinstance(usage, dict) else None
-    return int(value) if isinstance(value, int | float) else 0
-
-
-def _reward(rollout: dict[str, Any]) -> float:
-    value = rollout.get("reward")
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
-
-
 def _env_report(
     step: int,
     env: str,
@@ -132,7 +156,7 @@ def _env_report(
     finished_total: int,
 ) -> EnvStepReport:
     ok = [r.rollout for r in results if r.rollout is not None]
-    rewards = [_reward(r) for r in ok]
+    rewards = [reward(r) for r in ok]
     return EnvStepReport(
         step=step,
         env=env,
@@ -148,21 +172,22 @@ def _env_report(
         reward_mean=statistics.fmean(rewards) if rewards else None,
         reward_std=statistics.pstdev(rewards) if rewards else None,
         pass_rate=sum(r >= PASS_THRESHOLD for r in rewards) / len(rewards) if rewards else None,
-        tokens=sum(_tokens(r) for r in ok),
+        tokens=sum(total_tokens(r) for r in ok),
         latency_mean_s=statistics.fmean(r.latency_s for r in results) if results else None,
     )
 
 
-def step_jobs(step: Step, plan: Plan, sampling: dict[str, Any] | None = None) -> dict[str, list[Job]]:
-    """The jobs of one step by environment: each prompt times ``responses_per_prompt``."""
+def step_jobs(
+    step: Step, plan: Plan, sampling: dict[str, Any] | None = None, seed: int | None = None
+) -> dict[str, list[Job]]:
+    """The jobs of one step by environment: each prompt times ``responses_per_prompt``
+    (``sampling`` and ``seed`` as in ``make_job``)."""
     jobs: dict[str, list[Job]] = {env.name: [] for env in plan.environments}
     for i, item in enumerate(step.items):
         task = step.number * plan.prompts_per_step + i
         agent = item.row["agent_ref"]["name"]
-        params = {**item.row["responses_create_params"], **(sampling or {})}
         for rollout in range(plan.responses_per_prompt):
-            row = {**item.row, "responses_create_params": params, TASK_INDEX: task, ROLLOUT_INDEX: rollout}
-            jobs[item.env].append(Job(agent, task, rollout, row))
+            jobs[item.env].append(make_job(item.row, agent, task, rollout, sampling, seed))
     return jobs
 
 
@@ -221,11 +246,12 @@ def _keep_before(path: Path, start_step: int, step_of: Callable[[dict[str, Any]]
 
 
 def prepare_step_files(
-    files: StepFiles, sampler: StepSampler, start_step: int, overwrite: bool, sampling: dict[str, Any] | None
+    files: StepFiles, sampler: StepSampler, settings: StepSettings, overwrite: bool
 ) -> None:
     """Fresh files at step 0; at a later step, keep earlier steps and check they match the spec."""
     files.output.parent.mkdir(parents=True, exist_ok=True)
     prompts = sampler.plan.prompts_per_step
+    start_step = settings.start_step
     if start_step == 0:
         existing = [p for p in (files.output, files.materialized) if p.exists() and p.stat().st_size]
         if existing and not overwrite:
@@ -243,7 +269,7 @@ def prepare_step_files(
     if previous:
         expected = [
             job.row
-            for env_jobs in step_jobs(sampler.step(start_step - 1), sampler.plan, sampling).values()
+            for env_jobs in settings.jobs(sampler.step(start_step - 1), sampler.plan).values()
             for job in env_jobs
         ]
         key = lambda r: (r[TASK_INDEX], r[ROLLOUT_INDEX])  # noqa: E731
@@ -301,19 +327,15 @@ class _StepRecorder:
 async def stream_steps(
     client: ServerClient,
     blend: Blend,
-    steps: int,
     files: StepFiles,
-    limits: Limits | None = None,
-    start_step: int = 0,
-    step_timeout_s: float | None = None,
-    sampling: dict[str, Any] | None = None,
+    settings: StepSettings,
     summary: RunSummary | None = None,
 ) -> AsyncIterator[StepReport]:
     """Collect steps ``start_step .. start_step + steps - 1``; yields each step's report as it ends.
 
     Files must have been prepared (``prepare_step_files``); every line is flushed as it is written.
     """
-    limits = limits or Limits()
+    deadline_s = settings.step_timeout_s
     plan = blend.plan()
     sampler = blend.sampler(plan)
     agents = {env.name: env.agent for env in blend.environments}
@@ -322,17 +344,17 @@ async def stream_steps(
         files.materialized.open("ab") as inputs,
         files.steps.open("ab") as log,
     ):
-        for step in sampler.steps(start_step, steps):
-            jobs = step_jobs(step, plan, sampling)
+        for step in sampler.steps(settings.start_step, settings.steps):
+            jobs = settings.jobs(step, plan)
             inputs.write(
                 b"".join(orjson.dumps(j.row) + b"\n" for env_jobs in jobs.values() for j in env_jobs)
             )
             inputs.flush()
             recorder = _StepRecorder(step.number, writer, summary)
             began = time.perf_counter()
-            timed_out = await _collect_step(client, jobs, limits, step_timeout_s, recorder.record)
+            timed_out = await _collect_step(client, jobs, settings.limits, deadline_s, recorder.record)
             elapsed = time.perf_counter() - began
-            stragglers = recorder.stragglers(jobs, step_timeout_s, elapsed)
+            stragglers = recorder.stragglers(jobs, deadline_s, elapsed)
             results, rollouts = recorder.results, recorder.rollouts
             report = _report(step, plan, agents, jobs, results, stragglers, elapsed, timed_out, rollouts)
             log.write(b"".join(orjson.dumps(line) + b"\n" for line in report.lines()))
@@ -384,31 +406,24 @@ def _report(
 async def run_steps(
     client: ServerClient,
     spec: BlendSpec | Blend,
-    steps: int,
     output: Path,
-    limits: Limits | None = None,
-    start_step: int = 0,
-    step_timeout_s: float | None = None,
+    settings: StepSettings,
     overwrite: bool = False,
-    sampling: dict[str, Any] | None = None,
     on_step: Callable[[StepReport], None] | None = None,
 ) -> list[StepReport]:
-    """Collect ``steps`` training steps from ``start_step`` into ``output`` (see the module doc).
+    """Collect ``settings.steps`` training steps from ``settings.start_step`` into ``output`` (see
+    the module doc).
 
     ``start_step > 0`` continues a run: records of steps >= start_step are dropped from the files
     first (the partial step of an interrupted run), the rest is kept. Raises RunFileError when the
     files belong to another run, and blend/dataset errors when the spec or its data is bad.
     """
-    if steps < 0 or start_step < 0:
-        raise ValueError("steps and start_step must be >= 0")
     blend = spec if isinstance(spec, Blend) else load_blend(spec)
     files = StepFiles(output)
-    prepare_step_files(files, blend.sampler(), start_step, overwrite, sampling)
-    summary = RunSummary(total=steps * blend.spec.global_batch_size, skipped=0)
+    prepare_step_files(files, blend.sampler(), settings, overwrite)
+    summary = RunSummary(total=settings.steps * blend.spec.global_batch_size, skipped=0)
     reports: list[StepReport] = []
-    async for report in stream_steps(
-        client, blend, steps, files, limits, start_step, step_timeout_s, sampling, summary
-    ):
+    async for report in stream_steps(client, blend, files, settings, summary):
         report.rollouts = []  # kept on disk; a long run must not hold every rollout in memory
         reports.append(report)
         if on_step is not None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 import yaml
+from click.core import ParameterSource
 from rich.console import Console
 
 from polygym.protocol import MODEL_KIND
@@ -26,6 +27,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, what shells report for a command stopped by Ctrl-C."""
 
 
 class SuggestingGroup(click.Group):
@@ -99,6 +102,24 @@ def load_stack_config(
         return load_config(paths, list(overrides))
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
+
+
+GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)
+
+
+def refuse_given(ctx: click.Context, reasons: Mapping[str, str]) -> None:
+    """Exit 2 naming every option of ``reasons`` (parameter name -> why it does not apply) that the
+    user gave, instead of silently ignoring it.
+
+    "Given" is click's parameter source, not a comparison with the default, so an option passed
+    with its default value (``--start-step 0``) is refused too: the user meant something by it.
+    """
+    flags = {param.name: param.opts[0] for param in ctx.command.params}
+    problems = [
+        f"{flags[name]} {why}" for name, why in reasons.items() if ctx.get_parameter_source(name) in GIVEN
+    ]
+    if problems:
+        raise click.UsageError("\n".join(problems), ctx)
 
 
 def console(stderr: bool = False) -> Console:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, console, fail
 from polygym.collect.compare import DEFAULT_METRICS, DEFAULT_THRESHOLD, CompareError, Comparison, compare
+from polygym.collect.row import env_label
 
 STATUS_STYLE = {"ok": "green", "regression": "red", "missing": "red", "added": "cyan"}
 
@@ -72,13 +73,13 @@ def print_comparison(result: Comparison) -> None:
     for env in result.environments:
         style = STATUS_STYLE.get(env.status, "")
         if not env.metrics:
-            table.add_row(escape(env.env), "-", "-", "-", "-", f"[{style}]{env.status}[/]")
+            table.add_row(escape(env_label(env.env)), "-", "-", "-", "-", f"[{style}]{env.status}[/]")
         for i, m in enumerate(env.metrics):
             status = (
                 "regression" if m.regression else env.status if env.status in ("missing", "added") else ""
             )
             table.add_row(
-                escape(env.env) if i == 0 else "",
+                escape(env_label(env.env)) if i == 0 else "",
                 escape(m.metric),
                 _num(m.base),
                 _num(m.new),

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shlex
-import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,30 +14,34 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
+from polygym.blend.spec import BlendSpec
+from polygym.blend.stepwise import StepSettings
 from polygym.cli.base import (
     EXIT_FAILURE,
+    EXIT_INTERRUPTED,
     EXIT_USAGE,
     SuggestingGroup,
     console,
     fail,
     load_stack_config,
+    refuse_given,
     run_async,
     selector_options,
 )
 from polygym.cli.compare import compare_command
+from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
-from polygym.collect.dataset import DatasetError, Job, Materialization, load_jobs
+from polygym.collect.dataset import DatasetError, Materialization, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, Limits
+from polygym.collect.row import Job
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import AGENT_KIND
 from polygym.stack import records as stacks
-from polygym.stack.config import ConfigError, StackConfig
-from polygym.stack.launcher import BACKENDS, LaunchError, Stack
+from polygym.stack.config import ConfigError
+from polygym.stack.launcher import BACKENDS, LaunchError
+from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
-
-EXIT_INTERRUPTED = 130
 
 
 @click.group(cls=SuggestingGroup)
@@ -158,7 +161,8 @@ def resume_command() -> str:
     show_default=True,
     help="Seconds between progress lines when not on a terminal.",
 )
-def run(**opts: Any) -> None:
+@click.pass_context
+def run(ctx: click.Context, **opts: Any) -> None:
     """Collect rollouts for every row of --input into --output (plus failures and metrics files).
 
     \b
@@ -168,62 +172,129 @@ def run(**opts: Any) -> None:
       gym eval run --model-type openai_model --resources-server example_single_tool_call \\
           --input data.jsonl --output results/out.jsonl
     """
-    repeats, repeats_by_agent = parse_per_agent(opts["num_repeats"], "--num-repeats")
-    concurrency, per_agent = parse_per_agent(opts["concurrency"], "--concurrency")
-    sampling = {
-        key: opts[key] for key in ("temperature", "top_p", "max_output_tokens") if opts[key] is not None
-    }
-    materialization = Materialization(repeats or 1, repeats_by_agent, sampling, opts["seed"])
-    limits = Limits(concurrency or DEFAULT_CONCURRENCY, per_agent, opts["timeout_s"])
     if (opts["input_path"] is None) == (opts["blend_path"] is None):
         fail("pass exactly one of --input FILE or --blend SPEC", EXIT_USAGE)
-    if opts["blend_path"] is not None:
-        sys.exit(_run_blend(opts, limits, sampling))
-    config = None
-    if not opts["no_serve"]:
-        config = load_stack_config(
-            opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"]
-        )
-    sys.exit(run_async(_run(opts, config, materialization, limits)))
-
-
-def _run_blend(opts: dict[str, Any], limits: Limits, sampling: dict[str, Any]) -> int:
-    """``--blend SPEC --steps N``: collect steps in sampler order with exact per-environment quotas."""
-    if opts["steps"] is None:
+    refuse_given(ctx, NOT_WITH_BLEND if opts["blend_path"] is not None else BLEND_ONLY)
+    settings = EvalRunSettings.from_options(opts)
+    if settings.blend is None:
+        sys.exit(run_async(_run(stack_target(opts), settings)))
+    if settings.steps is None:
         fail("--blend needs --steps N", EXIT_USAGE)
-    spec = load_spec_or_exit(opts["blend_path"])
-    config = None
-    if not opts["no_serve"]:
-        config = blend_stack_config(
-            spec, opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"]
-        )
-    head = discover_head(opts["head_url"]) if opts["no_serve"] else None
-    start = next_step(opts["output_path"]) if opts["resume"] else opts["start_step"]
-    return run_async(
-        run_blend(
-            spec,
-            config,
-            opts["steps"],
-            opts["output_path"],
-            limits,
-            start,
-            opts["step_timeout_s"],
-            opts["overwrite"],
-            head,
-            opts["backend"],
-            sampling,
+    spec = load_spec_or_exit(settings.blend)
+    target = stack_target(opts, spec)
+    sys.exit(
+        run_async(
+            run_blend(
+                spec,
+                target,
+                settings.output,
+                settings.step_settings(),
+                settings.overwrite,
+                settings.max_failures,
+            )
         )
     )
 
 
-def _load(opts: dict[str, Any], agents: list[str], materialization: Materialization) -> list[Job]:
-    default_agent = opts["agent"]
+_NOT_WITH = "does not apply with --blend:"
+NOT_WITH_BLEND = {
+    "num_repeats": f"{_NOT_WITH} the spec's responses_per_prompt sets the responses per prompt",
+    "limit": f"{_NOT_WITH} the spec's prompts_per_step and --steps set how many rows are used",
+    "agent": f"{_NOT_WITH} the spec names each environment's agent",
+    "progress_interval": f"{_NOT_WITH} one line is printed per finished step",
+}
+"""Options of ``gym eval run`` that only mean something for ``--input``, and why."""
+BLEND_ONLY = {name: "only applies with --blend SPEC" for name in ("steps", "start_step", "step_timeout_s")}
+"""Options of ``gym eval run`` that only mean something for ``--blend``."""
+
+
+@dataclass(frozen=True)
+class EvalRunSettings:
+    """What one ``gym eval run`` collects and how: every collection option, parsed once.
+
+    Stack selection (selectors, ``--no-serve``, ``--backend``) is not here: it becomes the
+    ``StackTarget`` the run starts or joins.
+    """
+
+    output: Path
+    """Rollouts JSONL (``--output``); the failures, inputs and metrics files are written next to it."""
+    materialization: Materialization
+    """How rows become requests: ``--num-repeats``, the sampling overrides and ``--seed``."""
+    limits: Limits
+    """``--concurrency`` (global and per agent) and ``--timeout`` per rollout."""
+    resume: bool = False
+    overwrite: bool = False
+    max_failures: int | None = None
+    """Exit 1 when more rollouts than this fail (with ``--blend`` stragglers count as failed)."""
+    input: Path | None = None
+    """Dataset JSONL; exactly one of ``input`` and ``blend`` is set."""
+    agent: str | None = None
+    """Agent for rows without ``agent_ref`` (default: the only agent, if there is one)."""
+    limit: int | None = None
+    """Use only the first N rows of ``input``."""
+    progress_interval_s: float = 10.0
+    """Seconds between progress lines when not on a terminal."""
+    blend: Path | None = None
+    """Blend spec to collect step by step."""
+    steps: int | None = None
+    start_step: int = 0
+    step_timeout_s: float | None = None
+
+    @classmethod
+    def from_options(cls, opts: dict[str, Any]) -> EvalRunSettings:
+        """Parse click's options (``N|AGENT=N`` values included); exits 2 on a bad value."""
+        repeats, repeats_by_agent = parse_per_agent(opts["num_repeats"], "--num-repeats")
+        concurrency, per_agent = parse_per_agent(opts["concurrency"], "--concurrency")
+        sampling = {key: opts[key] for key in SAMPLING_OPTIONS if opts[key] is not None}
+        return cls(
+            output=opts["output_path"],
+            materialization=Materialization(repeats or 1, repeats_by_agent, sampling, opts["seed"]),
+            limits=Limits(concurrency or DEFAULT_CONCURRENCY, per_agent, opts["timeout_s"]),
+            resume=opts["resume"],
+            overwrite=opts["overwrite"],
+            max_failures=opts["max_failures"],
+            input=opts["input_path"],
+            agent=opts["agent"],
+            limit=opts["limit"],
+            progress_interval_s=opts["progress_interval"],
+            blend=opts["blend_path"],
+            steps=opts["steps"],
+            start_step=opts["start_step"],
+            step_timeout_s=opts["step_timeout_s"],
+        )
+
+    def step_settings(self) -> StepSettings:
+        """The step-wise settings of a ``--blend`` run (``--resume`` continues after the last step)."""
+        assert self.steps is not None
+        start = next_step(self.output) if self.resume else self.start_step
+        sampling = dict(self.materialization.sampling)
+        return StepSettings(
+            self.steps, start, self.limits, self.step_timeout_s, sampling, self.materialization.seed
+        )
+
+
+SAMPLING_OPTIONS = ("temperature", "top_p", "max_output_tokens")
+
+
+def stack_target(opts: dict[str, Any], spec: BlendSpec | None = None) -> StackTarget:
+    """The running stack (``--no-serve``) or the one to start from the selectors (and ``spec``)."""
+    if opts["no_serve"]:
+        return StackTarget(head_url=discover_head(opts["head_url"]))
+    selectors = (opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"])
+    config = load_stack_config(*selectors) if spec is None else blend_stack_config(spec, *selectors)
+    return StackTarget(config, backend=opts["backend"])
+
+
+def _load(settings: EvalRunSettings, agents: list[str]) -> list[Job]:
+    assert settings.input is not None
+    materialization = settings.materialization
+    default_agent = settings.agent
     if default_agent is not None and default_agent not in agents:
         fail(unknown_name_message("agent", default_agent, agents), EXIT_USAGE)
     if default_agent is None and len(agents) == 1:
         default_agent = agents[0]
     try:
-        jobs = load_jobs(opts["input_path"], agents, default_agent, opts["limit"], materialization)
+        jobs = load_jobs(settings.input, agents, default_agent, settings.limit, materialization)
     except DatasetError as exc:
         fail(str(exc), EXIT_USAGE)
     for agent in sorted({j.agent for j in jobs} | set(materialization.repeats_by_agent)):
@@ -232,55 +303,40 @@ def _load(opts: dict[str, Any], agents: list[str], materialization: Materializat
     return jobs
 
 
-async def _run(
-    opts: dict[str, Any], config: StackConfig | None, materialization: Materialization, limits: Limits
-) -> int:
-    stack: Stack | None = None
-    client: ServerClient | None = None
+async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
     try:
-        if config is not None:
-            jobs = _load(opts, [s.name for s in config.by_kind(AGENT_KIND)], materialization)
-            stack = Stack(config, opts["backend"], head_port=0)
-            await stack.start()
-            client = stack.client or ServerClient(stack.head_url, pool_size=limits.concurrency)
-        else:
-            client = ServerClient(discover_head(opts["head_url"]), pool_size=max(64, limits.concurrency))
-            servers = await client.servers()
-            jobs = _load(opts, [s["name"] for s in servers if s["kind"] == AGENT_KIND], materialization)
-        return await _collect(client, jobs, opts, limits)
+        async with StackSession(target, settings.limits.concurrency) as session:
+            jobs = _load(settings, session.agents)
+            client = await session.connect()
+            return await _collect(client, jobs, settings)
     except (LaunchError, ConfigError, RunFileError) as exc:
         console(stderr=True).print("[red]error:[/]", escape(str(exc)))
         return EXIT_USAGE if isinstance(exc, RunFileError | ConfigError) else EXIT_FAILURE
     except ServerCallError as exc:
         console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
         return EXIT_FAILURE
-    finally:
-        if client is not None and (stack is None or client is not stack.client):
-            await client.close()
-        if stack is not None:
-            await stack.stop()
 
 
-async def _collect(client: ServerClient, jobs: list[Job], opts: dict[str, Any], limits: Limits) -> int:
-    files = RunFiles(opts["output_path"])
-    task = asyncio.ensure_future(
-        run_eval(client, jobs, files, limits, opts["resume"], opts["overwrite"], opts["progress_interval"])
+async def _collect(client: ServerClient, jobs: list[Job], settings: EvalRunSettings) -> int:
+    files = RunFiles(settings.output)
+    work = run_eval(
+        client,
+        jobs,
+        files,
+        settings.limits,
+        settings.resume,
+        settings.overwrite,
+        settings.progress_interval_s,
     )
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
     try:
-        summary = await task
-    except asyncio.CancelledError:
+        summary = await until_interrupted(work)
+    except Interrupted:
         _print_interrupted(files)
         return EXIT_INTERRUPTED
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
     _print_summary(files, summary)
-    if opts["max_failures"] is not None and summary.failed > opts["max_failures"]:
+    if settings.max_failures is not None and summary.failed > settings.max_failures:
         console(stderr=True).print(
-            f"[red]error:[/] {summary.failed} rollouts failed (--max-failures {opts['max_failures']})"
+            f"[red]error:[/] {summary.failed} rollouts failed (--max-failures {settings.max_failures})"
         )
         return EXIT_FAILURE
     return 0

@@ -7,8 +7,6 @@ helpers below it (``load_spec_or_exit``, ``blend_stack_config``, ``run_blend``) 
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +18,23 @@ from rich.table import Table
 from polygym.blend.mix import count_rows, load_blend, resolve
 from polygym.blend.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
 from polygym.blend.spec import BlendSpec, BlendSpecError, load_spec
-from polygym.blend.stepwise import StepFiles, StepReport, environments_to_serve, run_steps
-from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail, load_stack_config
+from polygym.blend.stepwise import StepFiles, StepReport, StepSettings, environments_to_serve, run_steps
+from polygym.cli.base import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    SuggestingGroup,
+    console,
+    fail,
+    load_stack_config,
+)
+from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.collect.dataset import DatasetError
-from polygym.collect.rollouts import Limits
 from polygym.collect.run_files import RunFileError, iter_jsonl
-from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import AGENT_KIND
+from polygym.net.client import ServerCallError
 from polygym.stack.config import ConfigError, StackConfig
-from polygym.stack.launcher import LaunchError, Stack
-from polygym.suggest import unknown_name_message
-
-EXIT_INTERRUPTED = 130
+from polygym.stack.launcher import LaunchError
+from polygym.stack.session import StackSession, StackTarget
 
 
 @click.group(cls=SuggestingGroup)
@@ -144,19 +147,15 @@ def print_step(report: StepReport) -> None:
 
 async def run_blend(
     spec: BlendSpec,
-    config: StackConfig | None,
-    steps: int,
+    target: StackTarget,
     output: Path,
-    limits: Limits,
-    start_step: int = 0,
-    step_timeout_s: float | None = None,
+    settings: StepSettings,
     overwrite: bool = False,
-    head_url: str | None = None,
-    backend: str = "inline",
-    sampling: dict[str, Any] | None = None,
+    max_failures: int | None = None,
 ) -> int:
-    """Collect ``steps`` steps of ``spec``: start a stack from ``config`` (or use ``head_url``),
-    print a line per step, and return the exit code (2 bad input, 1 stack trouble, 130 Ctrl-C)."""
+    """Collect ``settings.steps`` steps of ``spec`` on the stack ``target`` starts or joins, print
+    a line per step, and return the exit code: 2 bad input, 1 stack trouble or more than
+    ``max_failures`` failed rollouts (stragglers included), 130 Ctrl-C."""
     err = console(stderr=True)
     try:
         blend = load_blend(spec)
@@ -164,54 +163,31 @@ async def run_blend(
     except (BlendSpecError, DatasetError, InfeasiblePlanError) as exc:
         err.print("[red]error:[/]", escape(str(exc)))
         return EXIT_USAGE
-    stack: Stack | None = None
-    client: ServerClient | None = None
     try:
-        if config is not None:
-            agents = [s.name for s in config.by_kind(AGENT_KIND)]
-            _check_agents(blend.environments, agents)
-            stack = Stack(config, backend, head_port=0)
-            await stack.start()
-            client = stack.client or ServerClient(stack.head_url, pool_size=limits.concurrency)
-        else:
-            if head_url is None:
-                err.print("[red]error:[/] no stack: pass a config or a head URL")
-                return EXIT_USAGE
-            client = ServerClient(head_url, pool_size=max(64, limits.concurrency))
-            servers = await client.servers()
-            _check_agents(blend.environments, [s["name"] for s in servers if s["kind"] == AGENT_KIND])
-        task = asyncio.ensure_future(
-            run_steps(
-                client,
-                blend,
-                steps,
-                output,
-                limits,
-                start_step,
-                step_timeout_s,
-                overwrite,
-                sampling,
-                print_step,
+        async with StackSession(target, settings.limits.concurrency) as session:
+            session.require_agents({f"environment {env.name}": env.agent for env in blend.environments})
+            client = await session.connect()
+            reports = await until_interrupted(
+                run_steps(client, blend, output, settings, overwrite, print_step)
             )
+    except Interrupted:
+        resume_at = next_step(output, settings.start_step)
+        err.print(
+            f"[yellow]interrupted:[/] steps {settings.start_step}..{resume_at - 1} are complete in "
+            f"{escape(str(output))}; continue with --start-step {resume_at}"
         )
-        return await _wait_interruptible(task, output, start_step, steps)
+        return EXIT_INTERRUPTED
     except (ValueError, RunFileError, ConfigError) as exc:
         err.print("[red]error:[/]", escape(str(exc)))
         return EXIT_USAGE
     except (LaunchError, ServerCallError) as exc:
         err.print("[red]error:[/]", escape(str(exc)))
         return EXIT_FAILURE
-    finally:
-        if stack is not None:
-            await stack.stop()
-        elif client is not None:
-            await client.close()
-
-
-def _check_agents(environments: list[Any], agents: list[str]) -> None:
-    for env in environments:
-        if env.agent not in agents:
-            raise ValueError(f"environment {env.name}: " + unknown_name_message("agent", env.agent, agents))
+    failed = _print_collected(reports, output, settings)
+    if max_failures is not None and failed > max_failures:
+        err.print(f"[red]error:[/] {failed} rollouts failed or straggled (--max-failures {max_failures})")
+        return EXIT_FAILURE
+    return 0
 
 
 def next_step(output: Path, start: int = 0) -> int:
@@ -220,33 +196,17 @@ def next_step(output: Path, start: int = 0) -> int:
     return max([start - 1, *(s for s in finished if isinstance(s, int))]) + 1
 
 
-async def _wait_interruptible(
-    task: asyncio.Future[list[StepReport]], output: Path, start: int, steps: int
-) -> int:
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
-    try:
-        reports = await task
-    except asyncio.CancelledError:
-        resume_at = next_step(output, start)
-        console(stderr=True).print(
-            f"[yellow]interrupted:[/] steps {start}..{resume_at - 1} are complete in {escape(str(output))}; "
-            f"continue with --start-step {resume_at}"
-        )
-        return EXIT_INTERRUPTED
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+def _print_collected(reports: list[StepReport], output: Path, settings: StepSettings) -> int:
+    """Print the run's totals; returns the rollouts that failed or straggled."""
     stragglers = sum(r.total.stragglers for r in reports)
     failures = sum(r.total.failures for r in reports)
-    files = StepFiles(output)
+    start, files = settings.start_step, StepFiles(output)
     console().print(
-        f"{len(reports)} steps ({start}..{start + steps - 1}) collected: "
+        f"{len(reports)} steps ({start}..{start + settings.steps - 1}) collected: "
         f"{sum(r.total.completed for r in reports)} rollouts, {failures} failed, {stragglers} stragglers. "
         f"Files: {', '.join(str(p) for p in files.all())}"
     )
-    return 0
+    return failures + stragglers
 
 
 # ------------------------------------------------------------------------------ gym train run

@@ -27,10 +27,11 @@ from typing import Any
 
 import orjson
 
+from polygym.collect.row import ALL_ENVS, env_label
+
 METRICS_SUFFIX = "_aggregate_metrics.json"
 DEFAULT_METRICS = ("mean/reward", "pass@*", "majority@*")
 DEFAULT_THRESHOLD = 0.02
-ALL_ENVS = "(all)"
 NOT_JUDGED = ("num_*", "std/*", "min/*", "max/*", "median/*", "latency/*", "*usage/*", "*tokens*")
 
 
@@ -66,11 +67,12 @@ class Comparison:
     def regressions(self) -> list[str]:
         out = []
         for env in self.environments:
+            name = env_label(env.env)
             if env.status == "missing":
-                out.append(f"{env.env}: missing in the new run")
+                out.append(f"{name}: missing in the new run")
             for m in env.metrics:
                 if m.regression:
-                    out.append(f"{env.env}: {m.metric} {m.base:.4f} -> {m.new:.4f} ({m.delta:+.4f})")
+                    out.append(f"{name}: {m.metric} {m.base:.4f} -> {m.new:.4f} ({m.delta:+.4f})")
         return out
 
     def to_dict(self) -> dict[str, Any]:

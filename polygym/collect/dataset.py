@@ -16,12 +16,10 @@ from typing import Any
 
 import orjson
 
+from polygym.collect.row import INDEX_FIELDS, Job, make_job
 from polygym.protocol import AGENT_KIND
 from polygym.suggest import unknown_name_message
 
-TASK_INDEX = "_ng_task_index"
-ROLLOUT_INDEX = "_ng_rollout_index"
-INDEX_FIELDS = (TASK_INDEX, ROLLOUT_INDEX)
 MAX_REPORTED_PROBLEMS = 50
 INPUT_ITEM_KEYS = ("role", "type")
 
@@ -48,20 +46,6 @@ class Row:
     @property
     def where(self) -> str:
         return f"{self.path}:{self.line}"
-
-
-@dataclass
-class Job:
-    """One rollout to collect: the row as sent to the agent, with indices and routing."""
-
-    agent: str
-    task_index: int
-    rollout_index: int
-    row: dict[str, Any]
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.task_index, self.rollout_index)
 
 
 def read_rows(path: Path, problems: list[str], limit: int | None = None) -> list[Row]:
@@ -177,23 +161,7 @@ def materialize(rows: list[tuple[Row, str]], options: Materialization) -> Iterat
         for _ in range(options.repeats(agent)):
             rollout = next_rollout.get(task, 0)
             next_rollout[task] = rollout + 1
-            yield Job(agent, task, rollout, _job_row(row.data, agent, task, rollout, options))
-
-
-def _job_row(
-    data: dict[str, Any], agent: str, task: int, rollout: int, options: Materialization
-) -> dict[str, Any]:
-    params = dict(data["responses_create_params"])
-    params.update(options.sampling)
-    if options.seed is not None:
-        params["seed"] = options.seed + rollout
-    return {
-        **data,
-        "responses_create_params": params,
-        "agent_ref": {"type": AGENT_KIND, "name": agent},
-        TASK_INDEX: task,
-        ROLLOUT_INDEX: rollout,
-    }
+            yield make_job(row.data, agent, task, rollout, options.sampling, options.seed)
 
 
 def load_jobs(

@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 
 from polygym import metrics
-from polygym.collect.dataset import Job
 from polygym.collect.progress import Progress
 from polygym.collect.rollouts import Limits, collect
+from polygym.collect.row import Job
 from polygym.collect.run_files import RolloutWriter, RunFiles, iter_jsonl, prepare
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND

@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from polygym.collect.rollouts import Result
+from polygym.collect.row import reward
 
 
 @dataclass
@@ -79,7 +80,7 @@ class Progress:
             assert result.rollout is not None
             tally.done += 1
             tally.scored += 1
-            tally.reward_sum += float(result.rollout.get("reward", 0.0))
+            tally.reward_sum += reward(result.rollout)
             self.new_done += 1
         else:
             tally.failed += 1

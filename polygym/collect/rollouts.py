@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.collect.row import ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import orjson
 
-from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.collect.row import ROLLOUT_INDEX, TASK_INDEX, Job
 
 
 class RunFileError(Exception):

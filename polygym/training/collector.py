@@ -31,26 +31,19 @@ import contextlib
 import statistics
 import threading
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from polygym.blend.mix import Blend, load_blend
 from polygym.blend.spec import BlendSpec
-from polygym.blend.stepwise import (
-    ALL_ENVS,
-    PASS_THRESHOLD,
-    EnvStepReport,
-    StepFiles,
-    StepReport,
-    prepare_step_files,
-)
+from polygym.blend.stepwise import EnvStepReport, StepFiles, StepReport, StepSettings, prepare_step_files
 from polygym.blend.stepwise import stream_steps as _stream_steps
 from polygym.collect.rollouts import Limits
+from polygym.collect.row import ALL_ENVS, ENV_FIELD
 from polygym.net.client import ServerClient
-from polygym.protocol import AGENT_KIND
 from polygym.stack.config import StackConfig
-from polygym.stack.launcher import Stack
+from polygym.stack.session import StackSession, StackTarget
 from polygym.training.advantages import zero_variance_groups
 from polygym.training.tokens import TokenRollout, assemble
 
@@ -60,29 +53,17 @@ _FOREVER = 1 << 40
 
 
 @dataclass
-class EnvTokenStats:
-    """One environment in one training step (also the ``_all`` roll-up)."""
+class EnvTokenStats(EnvStepReport):
+    """One environment in one training step (also the ``_all`` roll-up): the step report's fields
+    (shares, counts, reward mean/std, pass rate, latency) plus what only token rollouts tell."""
 
-    step: int
-    env: str
-    target_share: float
-    planned_share: float
-    realized_share: float
-    prompts: int
-    rollouts: int
-    """Rollouts planned (prompts x responses_per_prompt)."""
-    completed: int
-    failures: int
-    stragglers: int
-    reward_mean: float | None
-    reward_std: float | None
-    pass_rate: float | None
+    tokens: int
+    """Here: tokens of the assembled sequences (prompt, environment and generated), what a trainer
+    trains on; the step report counts the model servers' ``usage.total_tokens`` instead."""
     groups: int
     zero_variance_groups: int
     zero_variance_share: float | None
     """Share of prompt groups whose responses all got the same reward (no GRPO signal)."""
-    tokens: int
-    """Tokens of the assembled sequences (prompt, environment and generated)."""
     generated_tokens: int
     turns_mean: float | None
     truncated: int
@@ -97,7 +78,7 @@ class EnvTokenStats:
 
     def log_values(self) -> dict[str, float]:
         """Numeric fields for a trainer's logger (``None`` values left out)."""
-        skip = {"step", "env", "reward_components"}
+        skip = {"step", "env", "agent", "reward_components"}
         out = {
             k: float(v)
             for k, v in asdict(self).items()
@@ -115,24 +96,12 @@ def env_token_stats(report: EnvStepReport, rollouts: list[TokenRollout]) -> EnvT
     for rollout in rollouts:
         for key, value in rollout.reward_components.items():
             components.setdefault(key, []).append(value)
+    step_fields = {f.name: getattr(report, f.name) for f in fields(EnvStepReport)}
     return EnvTokenStats(
-        step=report.step,
-        env=report.env,
-        target_share=report.target_share,
-        planned_share=report.planned_share,
-        realized_share=report.realized_share,
-        prompts=report.prompts,
-        rollouts=report.rollouts,
-        completed=len(rollouts),
-        failures=report.failures,
-        stragglers=report.stragglers,
-        reward_mean=statistics.fmean(rewards) if rewards else None,
-        reward_std=statistics.pstdev(rewards) if rewards else None,
-        pass_rate=sum(r >= PASS_THRESHOLD for r in rewards) / len(rewards) if rewards else None,
+        **{**step_fields, "tokens": sum(len(r.input_ids) for r in rollouts)},
         groups=groups,
         zero_variance_groups=flat,
         zero_variance_share=flat / groups if groups else None,
-        tokens=sum(len(r.input_ids) for r in rollouts),
         generated_tokens=sum(r.generated_tokens for r in rollouts),
         turns_mean=statistics.fmean(r.num_turns for r in rollouts) if rollouts else None,
         truncated=sum(r.truncated for r in rollouts),
@@ -175,7 +144,7 @@ def token_step(report: StepReport, input_keys: dict[str, set[str]] | None = None
     """Assemble a step report's rollouts and compute its per-environment token stats."""
     input_keys = input_keys or {}
     rollouts = [
-        assemble(r, env=r.get("_pg_env"), input_keys=input_keys.get(str(r.get("_pg_env")), ()))
+        assemble(r, env=r.get(ENV_FIELD), input_keys=input_keys.get(str(r.get(ENV_FIELD)), ()))
         for r in report.rollouts
     ]
     rollouts.sort(key=lambda r: (r.group_id, r.rollout_index))
@@ -192,28 +161,19 @@ def _input_keys(blend: Blend) -> dict[str, set[str]]:
 
 
 async def stream_token_steps(
-    client: ServerClient,
-    blend: Blend,
-    output: Path,
-    steps: int | None = None,
-    start_step: int = 0,
-    limits: Limits | None = None,
-    step_timeout_s: float | None = None,
-    sampling: dict[str, Any] | None = None,
-    overwrite: bool = False,
+    client: ServerClient, blend: Blend, output: Path, settings: StepSettings, overwrite: bool = False
 ) -> AsyncIterator[TokenStep]:
-    """Collect steps ``start_step, start_step + 1, ...`` (``steps`` of them, or until the caller
-    stops iterating) with token capture on; yields each finished step as a ``TokenStep``.
+    """Collect steps ``start_step, start_step + 1, ...`` (``settings.steps`` of them, or fewer when
+    the caller stops iterating) with token capture on; yields each finished step as a ``TokenStep``.
 
     ``start_step > 0`` continues a run in ``output`` (earlier steps kept, later ones dropped);
     ``start_step == 0`` needs ``overwrite`` when ``output`` already holds a run.
     """
-    sampling = {**(sampling or {}), **TOKEN_SAMPLING}
+    settings = replace(settings, sampling={**settings.sampling, **TOKEN_SAMPLING})
     files = StepFiles(output)
-    prepare_step_files(files, blend.sampler(), start_step, overwrite, sampling)
+    prepare_step_files(files, blend.sampler(), settings, overwrite)
     keys = _input_keys(blend)
-    count = _FOREVER if steps is None else steps
-    reports = _stream_steps(client, blend, count, files, limits, start_step, step_timeout_s, sampling)
+    reports = _stream_steps(client, blend, files, settings)
     async with contextlib.aclosing(reports) as stream:
         async for report in stream:
             yield token_step(report, keys)
@@ -239,19 +199,15 @@ class TokenCollector:
         overwrite: bool = False,
         backend: str = "inline",
     ) -> None:
-        if (head_url is None) == (stack_config is None):
-            raise ValueError("give exactly one of head_url (a running stack) or stack_config (start one)")
         self.blend = spec if isinstance(spec, Blend) else load_blend(spec)
         self.output = Path(output)
-        self.head_url = head_url
-        self.stack_config = stack_config
+        self.target = StackTarget(stack_config, head_url, backend, record=False)
         self.limits = limits or Limits()
         self.sampling = sampling
         self.step_timeout_s = step_timeout_s
         self.overwrite = overwrite
-        self.backend = backend
-        self.stack: Stack | None = None
         self.client: ServerClient | None = None
+        self._session: StackSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stream: AsyncIterator[TokenStep] | None = None
@@ -279,20 +235,10 @@ class TokenCollector:
             raise
 
     async def _open(self) -> None:
-        if self.stack_config is not None:
-            self.stack = Stack(self.stack_config, self.backend, head_port=0, record=False)
-            await self.stack.start()
-            self.client = self.stack.client or ServerClient(self.stack.head_url)
-        else:
-            assert self.head_url is not None
-            self.client = ServerClient(self.head_url, pool_size=max(64, self.limits.concurrency))
-        servers = await self.client.servers()
-        agents = [s["name"] for s in servers if s.get("kind") == AGENT_KIND]
-        missing = [f"{e.name} ({e.agent})" for e in self.blend.environments if e.agent not in agents]
-        if missing:
-            raise ValueError(
-                f"the stack has no agent for: {', '.join(missing)}; its agents: {', '.join(agents) or 'none'}"
-            )
+        self._session = StackSession(self.target, self.limits.concurrency)
+        await self._session.__aenter__()
+        self._session.require_agents({f"environment {e.name}": e.agent for e in self.blend.environments})
+        self.client = await self._session.connect()
 
     def close(self) -> None:
         if self._loop is None:
@@ -307,11 +253,9 @@ class TokenCollector:
 
     async def _shutdown(self) -> None:
         await self._close_stream()
-        if self.stack is not None:
-            await self.stack.stop()
-        elif self.client is not None:
-            await self.client.close()
-        self.stack = None
+        if self._session is not None:
+            await self._session.close()
+        self._session = None
         self.client = None
 
     async def _close_stream(self) -> None:
@@ -336,16 +280,10 @@ class TokenCollector:
         if self._stream is None or number != self._next:
             await self._close_stream()
             assert self.client is not None
-            self._stream = stream_token_steps(
-                self.client,
-                self.blend,
-                self.output,
-                start_step=number,
-                limits=self.limits,
-                step_timeout_s=self.step_timeout_s,
-                sampling=self.sampling,
-                overwrite=self.overwrite,
+            settings = StepSettings(
+                _FOREVER, number, self.limits, self.step_timeout_s, dict(self.sampling or {})
             )
+            self._stream = stream_token_steps(self.client, self.blend, self.output, settings, self.overwrite)
             self.overwrite = True  # this collector's own files from here on
         result = await anext(self._stream)
         self._next = number + 1

@@ -37,11 +37,11 @@ from typing import Any
 
 from polygym.blend.mix import Blend, load_blend
 from polygym.blend.spec import BlendSpec, load_spec
-from polygym.blend.stepwise import ALL_ENVS, environments_to_serve
+from polygym.blend.stepwise import environments_to_serve
 from polygym.collect.compare import Comparison, compare
-from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.collect.eval_run import run_eval
 from polygym.collect.rollouts import Limits
+from polygym.collect.row import ALL_ENVS, Job, make_job, reward
 from polygym.collect.run_files import RunFiles, iter_jsonl
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
@@ -108,16 +108,7 @@ def validation_jobs(blend: Blend, limit: int | None, sampling: dict[str, Any]) -
     for env in blend.environments:
         rows = blend.stamped(env.name)
         for row in rows[:limit] if limit is not None else rows:
-            task = len(jobs)
-            params = {**row["responses_create_params"], **sampling}
-            jobs.append(
-                Job(
-                    env.agent,
-                    task,
-                    0,
-                    {**row, "responses_create_params": params, TASK_INDEX: task, ROLLOUT_INDEX: 0},
-                )
-            )
+            jobs.append(make_job(row, env.agent, len(jobs), 0, sampling))
     return jobs
 
 
@@ -138,8 +129,8 @@ def validate(
     rewards: dict[str, list[float]] = {env.name: [] for env in blend.environments}
     for rollout in iter_jsonl(files.output):
         env = agents.get((rollout.get("agent_ref") or {}).get("name", ""))
-        if env is not None and isinstance(rollout.get("reward"), int | float):
-            rewards[env].append(float(rollout["reward"]))
+        if env is not None:
+            rewards[env].append(reward(rollout))
     return {env: statistics.fmean(values) if values else math.nan for env, values in rewards.items()}
 
 

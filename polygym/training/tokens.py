@@ -35,10 +35,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX
+from polygym.collect.row import ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX, reward
 
-STEP_FIELD = "_pg_step"
-ENV_FIELD = "_pg_env"
 _NOT_COMPONENTS = frozenset({"reward", "responses_create_params", "response", "agent_ref"})
 
 
@@ -118,11 +116,6 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
-def _reward(rollout: dict[str, Any]) -> float:
-    value = rollout.get("reward")
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
-
-
 def reward_components(rollout: dict[str, Any], input_keys: Iterable[str] = ()) -> dict[str, float]:
     """Numeric fields the verifier added besides ``reward`` (a verifier that scores several things).
 
@@ -166,7 +159,7 @@ def assemble(rollout: dict[str, Any], env: str | None = None, input_keys: Iterab
         loss_mask=[],
         logprobs=[],
         prompt_length=0,
-        reward=_reward(rollout),
+        reward=reward(rollout),
         reward_components=reward_components(rollout, input_keys),
         num_turns=len(calls),
         truncated=is_truncated(rollout),

@@ -13,14 +13,15 @@ import pytest
 
 from polygym.blend.mix import load_blend
 from polygym.blend.spec import BlendSpec, parse_spec
-from polygym.blend.stepwise import ALL_ENVS, ENV_FIELD, STEP_FIELD, STRAGGLER, StepFiles, run_steps
+from polygym.blend.stepwise import STRAGGLER, StepFiles, StepSettings, run_steps
 from polygym.cli.train import next_step, run_blend
-from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX
 from polygym.collect.rollouts import Limits
+from polygym.collect.row import ALL_ENVS, ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX
 from polygym.collect.run_files import RunFileError, iter_jsonl
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.launcher import Stack
+from polygym.stack.session import StackTarget
 from tests.conftest import ROOT
 
 ENVS = ("example_single_tool_call", "example_multi_step")
@@ -58,7 +59,7 @@ async def test_three_steps_realize_the_planned_shares(tmp_path: Path, stack: Sta
     blend_spec = spec(tmp_path)
     out = tmp_path / "run" / "steps.jsonl"
     assert stack.client is not None
-    reports = await run_steps(stack.client, blend_spec, 3, out, Limits(concurrency=8))
+    reports = await run_steps(stack.client, blend_spec, out, StepSettings(3, limits=Limits(concurrency=8)))
     files = StepFiles(out)
     assert [r.step for r in reports] == [0, 1, 2]
     step_lines = lines(files.steps)
@@ -102,11 +103,11 @@ async def test_continuing_at_a_step_matches_an_uninterrupted_run(tmp_path: Path,
     assert stack.client is not None
     blend_spec = spec(tmp_path)
     whole, parts = tmp_path / "whole.jsonl", tmp_path / "parts.jsonl"
-    await run_steps(stack.client, blend_spec, 4, whole, Limits(concurrency=8))
-    await run_steps(stack.client, blend_spec, 3, parts, Limits(concurrency=8))
+    await run_steps(stack.client, blend_spec, whole, StepSettings(4, limits=Limits(concurrency=8)))
+    await run_steps(stack.client, blend_spec, parts, StepSettings(3, limits=Limits(concurrency=8)))
     assert next_step(parts) == 3
     # pretend step 2 was cut short: continuing at 2 drops its partial records and redoes it
-    await run_steps(stack.client, blend_spec, 2, parts, Limits(concurrency=8), start_step=2)
+    await run_steps(stack.client, blend_spec, parts, StepSettings(2, 2, Limits(concurrency=8)))
     a, b = StepFiles(whole), StepFiles(parts)
 
     def keyed(path: Path) -> list[tuple[int, int, bytes]]:
@@ -121,10 +122,10 @@ async def test_continuing_at_a_step_matches_an_uninterrupted_run(tmp_path: Path,
         (line["step"], line["env"]) for line in lines(b.steps)
     ]
     with pytest.raises(RunFileError, match="already exists"):
-        await run_steps(stack.client, blend_spec, 1, parts)
+        await run_steps(stack.client, blend_spec, parts, StepSettings(1))
     reseeded = blend_spec.model_copy(update={"seed": 99})
     with pytest.raises(RunFileError, match="differs from what this spec gives"):
-        await run_steps(stack.client, reseeded, 1, parts, start_step=2)
+        await run_steps(stack.client, reseeded, parts, StepSettings(1, start_step=2))
 
 
 async def test_step_deadline_cancels_stragglers(tmp_path: Path) -> None:
@@ -133,7 +134,10 @@ async def test_step_deadline_cancels_stragglers(tmp_path: Path) -> None:
         assert slow.client is not None
         out = tmp_path / "slow.jsonl"
         reports = await run_steps(
-            slow.client, spec(tmp_path), 2, out, Limits(concurrency=8), step_timeout_s=0.3
+            slow.client,
+            spec(tmp_path),
+            out,
+            StepSettings(2, limits=Limits(concurrency=8), step_timeout_s=0.3),
         )
     finally:
         await slow.stop()
@@ -167,7 +171,9 @@ async def test_slow_environment_does_not_starve_the_other(tmp_path: Path, stack:
         {"environments": envs, "prompts_per_step": 4, "responses_per_prompt": 2}, "t", tmp_path
     )
     out = tmp_path / "mixed.jsonl"
-    reports = await run_steps(stack.client, blend_spec, 2, out, Limits(concurrency=1), step_timeout_s=1.0)
+    reports = await run_steps(
+        stack.client, blend_spec, out, StepSettings(2, limits=Limits(concurrency=1), step_timeout_s=1.0)
+    )
     for report in reports:
         fast, slow = report.envs[ENVS[0]], report.envs[ENVS[1]]
         assert fast.completed == 6 and fast.stragglers == 0 and fast.reward_mean == 1.0
@@ -182,7 +188,8 @@ async def test_run_blend_helper_starts_a_stack_and_prints_steps(
 ) -> None:
     config = load_config(selector_paths(list(ENVS), ["scripted_model"], []), env_files=[])
     out = tmp_path / "cli.jsonl"
-    code = await run_blend(spec(tmp_path), config, 2, out, Limits(concurrency=4))
+    target = StackTarget(config, record=False)
+    code = await run_blend(spec(tmp_path), target, out, StepSettings(2, limits=Limits(concurrency=4)))
     assert code == 0
     printed = capsys.readouterr().out
     assert "step 0" in printed and "step 1" in printed
@@ -193,5 +200,5 @@ async def test_run_blend_helper_starts_a_stack_and_prints_steps(
         "test",
         tmp_path,
     )
-    assert await run_blend(unknown, config, 1, tmp_path / "u.jsonl", Limits()) == 2
+    assert await run_blend(unknown, target, tmp_path / "u.jsonl", StepSettings(1)) == 2
     assert "unknown agent 'nobody'" in capsys.readouterr().err

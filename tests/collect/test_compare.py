@@ -12,6 +12,7 @@ from click.testing import CliRunner, Result
 from polygym import metrics
 from polygym.cli.compare import compare_command
 from polygym.collect.compare import CompareError, compare
+from polygym.collect.row import ALL_ENVS
 
 A = "example_single_tool_call_simple_agent"
 B = "example_multi_step_simple_agent"
@@ -64,7 +65,7 @@ def test_deltas_and_regressions_per_environment(runs: tuple[Path, Path]) -> None
     assert reward_a.delta == pytest.approx(2 / 6) and not reward_a.regression
     assert {m.metric for m in by_env[A].metrics} == {"mean/reward", "pass@1", "pass@2", "pass@1[avg-of-k]"}
     # the roll-up averages environments: A +0.333, B -0.167 -> +0.083, not a regression
-    rollup = by_env["(all)"]
+    rollup = by_env[ALL_ENVS]
     assert next(m for m in rollup.metrics if m.metric == "mean/reward").delta == pytest.approx(1 / 12)
     assert result.regressions[0].startswith(f"{B}: ")
     assert not any(r.startswith("(all)") and "mean/reward" in r for r in result.regressions)
@@ -86,7 +87,8 @@ def test_table_json_and_exit_codes(runs: tuple[Path, Path]) -> None:
     assert run(base, new, "--fail-on-regression", "--threshold", "0.5").exit_code == 0
     data = orjson.loads(run(base, new, "--json").stdout)
     assert data["threshold"] == 0.02
-    assert [e["env"] for e in data["environments"]] == [B, A, "(all)"]
+    assert [e["env"] for e in data["environments"]] == [B, A, ALL_ENVS]  # the key in files
+    assert "(all)" in table.stdout  # the label in tables
     assert data["environments"][0]["status"] == "regression"
     assert any(line.startswith(f"{B}: mean/reward 0.3333 -> 0.1667") for line in data["regressions"])
     same = run(base, base, "--fail-on-regression")
