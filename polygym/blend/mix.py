@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from polygym.blend.planner import DEFAULT_WARN_BELOW, EnvDemand, Plan, make_plan
 from polygym.blend.sampler import StepSampler
 from polygym.collect.dataset import DatasetError, Row, agent_of, check_row, read_rows
+from polygym.errors import BlendSpecError
 from polygym.protocol import AGENT_KIND, RESOURCES_KIND
 from polygym.stack import catalog
 from polygym.stack.config import ConfigError, ServerSpec
@@ -38,18 +39,6 @@ Split = Literal["train", "validation"]
 ROLLOUT_FIELDS = frozenset({"response"})
 """Verify-request fields a rollout adds; a dataset row never carries them."""
 CHARS_PER_TOKEN = 4
-
-
-class BlendSpecError(Exception):
-    """A spec that cannot be used; ``problems`` are ``file: key: problem`` lines."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__(self.problems)
-
-    def __str__(self) -> str:
-        count = len(self.problems)
-        return "\n  - ".join([f"{count} blend spec problem{'s' if count != 1 else ''}:", *self.problems])
 
 
 def _paths(value: Any) -> Any:

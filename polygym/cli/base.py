@@ -16,6 +16,7 @@ import click
 import yaml
 from rich.console import Console
 
+from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
 from polygym.protocol import MODEL_KIND
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import ConfigError, StackConfig, load_config
@@ -24,7 +25,6 @@ from polygym.suggest import unknown_name_message
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-EXIT_USAGE = 2
 EXIT_FAILURE = 1
 
 
@@ -98,7 +98,7 @@ def load_stack_config(
             )
         return load_config(paths, list(overrides))
     except ConfigError as exc:
-        fail(str(exc), EXIT_USAGE)
+        fail(str(exc), exc.exit_code)
 
 
 def console(stderr: bool = False) -> Console:

@@ -51,7 +51,7 @@ def spec_from_options(
     try:
         spec = load_spec(spec_path) if spec_path is not None else spec_from_flags(envs, prompts_per_step)
     except BlendSpecError as exc:
-        fail(str(exc), EXIT_USAGE)
+        fail(str(exc), exc.exit_code)
     updates: dict[str, Any] = {}
     if seed is not None:
         updates["seed"] = seed

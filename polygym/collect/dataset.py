@@ -16,25 +16,14 @@ from typing import Any
 
 import orjson
 
+from polygym.errors import DatasetError
 from polygym.protocol import AGENT_KIND
 from polygym.suggest import unknown_name_message
 
 TASK_INDEX = "_ng_task_index"
 ROLLOUT_INDEX = "_ng_rollout_index"
 INDEX_FIELDS = (TASK_INDEX, ROLLOUT_INDEX)
-MAX_REPORTED_PROBLEMS = 50
 INPUT_ITEM_KEYS = ("role", "type")
-
-
-class DatasetError(Exception):
-    """Rows that cannot be used; ``problems`` lists ``file:line: field: problem`` lines."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        shown = problems[:MAX_REPORTED_PROBLEMS]
-        more = len(problems) - len(shown)
-        text = "\n".join(f"  {p}" for p in shown) + (f"\n  ... and {more} more" if more else "")
-        super().__init__(f"{len(problems)} invalid row problem{'s' if len(problems) != 1 else ''}:\n{text}")
 
 
 @dataclass
