@@ -17,7 +17,6 @@ Nothing here imports pytest: the helpers are plain functions and context manager
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterable
@@ -25,6 +24,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from polygym.jsonl import read_jsonl
 from polygym.net.client import ServerClient
 from polygym.protocol import message_item, new_response
 from polygym.servers.base import BaseServer
@@ -71,11 +71,6 @@ async def verify(
     if not isinstance(response, dict):
         response = synthetic_response(response)
     return (await client.call(name, "/verify", {**row, "response": response}, cookies=cookies)).json()
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSONL file; blank lines are skipped (as ``gym`` does), a malformed one raises."""
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def read_splits(data_dir: Path, splits: Iterable[str] = SPLITS) -> dict[str, list[dict[str, Any]]]:

@@ -522,22 +522,6 @@ def load_blend(spec: BlendSpec, split: Split = "train", check_verifiers: bool = 
     return Blend(spec, environments, rows, split)
 
 
-def count_rows(path: Path) -> int:
-    """Non-blank lines of a JSONL file (for plans; no parsing)."""
-    with path.open("rb") as handle:
-        return sum(1 for line in handle if line.strip())
-
-
-def write_jsonl(rows: Iterator[dict[str, Any]], output: Path) -> int:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    written = 0
-    with output.open("wb") as handle:
-        for row in rows:
-            handle.write(orjson.dumps(row) + b"\n")
-            written += 1
-    return written
-
-
 # --------------------------------------------------------------------------------- validating files
 
 

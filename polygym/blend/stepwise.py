@@ -38,15 +38,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from polygym.blend.mix import Blend, BlendSpec, load_blend
 from polygym.blend.planner import Plan
 from polygym.blend.sampler import Step, StepSampler
 from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.rollouts import Limits, Result, collect, failure_record
-from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, iter_jsonl
+from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles
+from polygym.jsonl import JsonlAppender, iter_jsonl, write_jsonl
 from polygym.net.client import ServerClient
 
 STEP_FIELD = "_pg_step"
@@ -215,7 +214,7 @@ def _keep_before(path: Path, start_step: int, step_of: Callable[[dict[str, Any]]
         path.write_bytes(b"")
         return
     kept = [r for r in iter_jsonl(path) if (s := step_of(r)) is not None and s < start_step]
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in kept))
+    write_jsonl(kept, path)
 
 
 def prepare_step_files(
@@ -317,15 +316,12 @@ async def stream_steps(
     agents = {env.name: env.agent for env in blend.environments}
     with (
         RolloutWriter(files) as writer,
-        files.materialized.open("ab") as inputs,
-        files.steps.open("ab") as log,
+        JsonlAppender(files.materialized) as inputs,
+        JsonlAppender(files.steps) as log,
     ):
         for step in sampler.steps(start_step, steps):
             jobs = step_jobs(step, plan, sampling)
-            inputs.write(
-                b"".join(orjson.dumps(j.row) + b"\n" for env_jobs in jobs.values() for j in env_jobs)
-            )
-            inputs.flush()
+            inputs.write_all(j.row for env_jobs in jobs.values() for j in env_jobs)
             recorder = _StepRecorder(step.number, writer, summary)
             began = time.perf_counter()
             timed_out = await _collect_step(client, jobs, limits, step_timeout_s, recorder.record)
@@ -333,8 +329,7 @@ async def stream_steps(
             stragglers = recorder.stragglers(jobs, step_timeout_s, elapsed)
             results, rollouts = recorder.results, recorder.rollouts
             report = _report(step, plan, agents, jobs, results, stragglers, elapsed, timed_out, rollouts)
-            log.write(b"".join(orjson.dumps(line) + b"\n" for line in report.lines()))
-            log.flush()
+            log.write_all(report.lines())
             yield report
 
 

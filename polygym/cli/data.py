@@ -26,10 +26,10 @@ from polygym.blend.mix import (
     load_spec,
     spec_from_flags,
     validate_files,
-    write_jsonl,
 )
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail
 from polygym.collect.dataset import DatasetError
+from polygym.jsonl import iter_jsonl, write_jsonl
 
 
 @click.group(cls=SuggestingGroup)
@@ -110,10 +110,7 @@ def blend(**opts: Any) -> None:
         written = write_jsonl(loaded.ordered(opts["order"], opts["steps"]), opts["output_path"])
     except (BlendSpecError, DatasetError, ValueError) as exc:  # InfeasiblePlanError too
         fail(str(exc), EXIT_USAGE)
-    counts: Counter[str] = Counter()
-    with opts["output_path"].open("rb") as handle:
-        for line in handle:
-            counts[orjson.loads(line)["agent_ref"]["name"]] += 1
+    counts = Counter(row["agent_ref"]["name"] for row in iter_jsonl(opts["output_path"]))
     out = console()
     table = Table(title=f"{escape(str(opts['output_path']))} ({opts['order']} order)", title_justify="left")
     for column in ("environment", "agent", "source rows", "rows written"):

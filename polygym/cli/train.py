@@ -17,13 +17,14 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.blend.mix import BlendSpec, BlendSpecError, count_rows, load_blend, load_spec, resolve
+from polygym.blend.mix import BlendSpec, BlendSpecError, load_blend, load_spec, resolve
 from polygym.blend.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
 from polygym.blend.stepwise import StepFiles, StepReport, environments_to_serve, run_steps
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail, load_stack_config
 from polygym.collect.dataset import DatasetError
 from polygym.collect.rollouts import Limits
-from polygym.collect.run_files import RunFileError, iter_jsonl
+from polygym.collect.run_files import RunFileError
+from polygym.jsonl import count_rows, iter_jsonl
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
 from polygym.stack.config import ConfigError, StackConfig

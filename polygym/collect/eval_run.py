@@ -17,7 +17,8 @@ from polygym import metrics
 from polygym.collect.dataset import Job
 from polygym.collect.progress import Progress
 from polygym.collect.rollouts import Limits, collect
-from polygym.collect.run_files import RolloutWriter, RunFiles, iter_jsonl, prepare
+from polygym.collect.run_files import RolloutWriter, RunFiles, prepare
+from polygym.jsonl import iter_jsonl
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
 

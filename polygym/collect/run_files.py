@@ -14,15 +14,12 @@ left by a ``kill -9`` is cut off before appending.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
-
-import orjson
+from typing import Any
 
 from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.jsonl import JsonlAppender, encode_jsonl, iter_jsonl, truncate_torn_tail
 
 
 class RunFileError(Exception):
@@ -53,39 +50,6 @@ class RunFiles:
         return [self.output, self.materialized, self.failures, self.metrics]
 
 
-def materialized_bytes(jobs: Iterable[Job]) -> bytes:
-    return b"".join(orjson.dumps(job.row) + b"\n" for job in jobs)
-
-
-def _truncate_torn_tail(path: Path) -> None:
-    """Cut a partial last line (a write interrupted by kill -9) so appends start clean."""
-    size = path.stat().st_size
-    if size == 0:
-        return
-    with path.open("rb+") as handle:
-        handle.seek(-1, os.SEEK_END)
-        if handle.read(1) == b"\n":
-            return
-        data = path.read_bytes()
-        handle.truncate(data.rfind(b"\n") + 1)
-
-
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Complete, parsable lines of a JSONL file (a torn last line is skipped)."""
-    if not path.exists():
-        return
-    with path.open("rb") as handle:
-        for raw in handle:
-            if not raw.endswith(b"\n"):
-                break
-            try:
-                data = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(data, dict):
-                yield data
-
-
 def done_keys(path: Path) -> set[tuple[int, int]]:
     return {
         (r[TASK_INDEX], r[ROLLOUT_INDEX]) for r in iter_jsonl(path) if TASK_INDEX in r and ROLLOUT_INDEX in r
@@ -95,7 +59,7 @@ def done_keys(path: Path) -> set[tuple[int, int]]:
 def prepare(files: RunFiles, jobs: list[Job], resume: bool, overwrite: bool) -> set[tuple[int, int]]:
     """Set up the files for a fresh or resumed run; returns the keys already done."""
     files.output.parent.mkdir(parents=True, exist_ok=True)
-    materialized = materialized_bytes(jobs)
+    materialized = encode_jsonl(job.row for job in jobs)
     if resume:
         return _prepare_resume(files, materialized, jobs)
     existing = [p for p in (files.output, files.materialized) if p.exists() and p.stat().st_size]
@@ -122,7 +86,7 @@ def _prepare_resume(files: RunFiles, materialized: bytes, jobs: list[Job]) -> se
             "with --overwrite"
         )
     if files.output.exists():
-        _truncate_torn_tail(files.output)
+        truncate_torn_tail(files.output)
     else:
         files.output.write_bytes(b"")
     files.failures.write_bytes(b"")
@@ -134,16 +98,14 @@ class RolloutWriter:
     """Appends rollouts and failures, flushing each line so a crash loses nothing finished."""
 
     def __init__(self, files: RunFiles) -> None:
-        self._out: IO[bytes] = files.output.open("ab")
-        self._failures: IO[bytes] = files.failures.open("ab")
+        self._out = JsonlAppender(files.output)
+        self._failures = JsonlAppender(files.failures)
 
     def rollout(self, rollout: dict[str, Any]) -> None:
-        self._out.write(orjson.dumps(rollout, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-        self._out.flush()
+        self._out.write(rollout)
 
     def failure(self, failure: dict[str, Any]) -> None:
-        self._failures.write(orjson.dumps(failure) + b"\n")
-        self._failures.flush()
+        self._failures.write(failure)
 
     def close(self) -> None:
         self._out.close()

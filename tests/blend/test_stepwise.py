@@ -16,7 +16,8 @@ from polygym.blend.stepwise import ALL_ENVS, ENV_FIELD, STEP_FIELD, STRAGGLER, S
 from polygym.cli.train import next_step, run_blend
 from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX
 from polygym.collect.rollouts import Limits
-from polygym.collect.run_files import RunFileError, iter_jsonl
+from polygym.collect.run_files import RunFileError
+from polygym.jsonl import iter_jsonl
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.launcher import Stack

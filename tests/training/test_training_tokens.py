@@ -16,7 +16,7 @@ import pytest
 from polygym.blend.mix import BlendSpec, load_blend, parse_spec
 from polygym.blend.stepwise import ALL_ENVS, StepFiles
 from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX
-from polygym.collect.run_files import iter_jsonl
+from polygym.jsonl import iter_jsonl
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.training.advantages import group_advantages, zero_variance_groups
