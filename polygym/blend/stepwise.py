@@ -44,7 +44,7 @@ from polygym.blend.sampler import Step, StepSampler
 from polygym.collect.dataset import ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.rollouts import Limits, Result, collect, failure_record
-from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles
+from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, prepare
 from polygym.jsonl import JsonlAppender, iter_jsonl, write_jsonl
 from polygym.net.client import ServerClient
 
@@ -217,25 +217,27 @@ def _keep_before(path: Path, start_step: int, step_of: Callable[[dict[str, Any]]
     write_jsonl(kept, path)
 
 
+def _keep_steps_before(files: StepFiles, start_step: int, prompts_per_step: int) -> None:
+    """What a run continued at ``start_step`` keeps: every record of the steps before it."""
+    for path in (files.output, files.failures, files.materialized):
+        _keep_before(path, start_step, lambda r: _step_of(r, prompts_per_step))
+    _keep_before(files.steps, start_step, lambda r: r.get("step") if isinstance(r.get("step"), int) else None)
+
+
 def prepare_step_files(
     files: StepFiles, sampler: StepSampler, start_step: int, overwrite: bool, sampling: dict[str, Any] | None
 ) -> None:
     """Fresh files at step 0; at a later step, keep earlier steps and check they match the spec."""
-    files.output.parent.mkdir(parents=True, exist_ok=True)
     prompts = sampler.plan.prompts_per_step
+    prepare(
+        files,
+        resume=start_step > 0,
+        overwrite=overwrite,
+        keep=lambda _: _keep_steps_before(files, start_step, prompts),
+        how_to_continue="pass a start step to continue that run",
+    )
     if start_step == 0:
-        existing = [p for p in (files.output, files.materialized) if p.exists() and p.stat().st_size]
-        if existing and not overwrite:
-            raise RunFileError(
-                f"{existing[0]} already exists; pass a start step to continue that run or overwrite it"
-            )
-        for path in (files.output, files.failures, files.materialized, files.steps):
-            path.write_bytes(b"")
-        files.metrics.unlink(missing_ok=True)
         return
-    for path in (files.output, files.failures, files.materialized):
-        _keep_before(path, start_step, lambda r: _step_of(r, prompts))
-    _keep_before(files.steps, start_step, lambda r: r.get("step") if isinstance(r.get("step"), int) else None)
     previous = [r for r in iter_jsonl(files.materialized) if _step_of(r, prompts) == start_step - 1]
     if previous:
         expected = [
