@@ -147,30 +147,49 @@ class ServerClient:
     ) -> Reply:
         """Call ``path`` on server ``name``; raises ServerCallError unless the status is 2xx."""
         body = b"" if payload is None else orjson.dumps(payload)
-        target = f"{name} {path}"
-        last: ServerCallError | None = None
+        timeout = timeout_s or self.timeout_s
+        reply = await self._with_retries(
+            f"{name} {path}",
+            lambda: self._send(name, method, path, body, cookies, timeout),
+            retry,
+            timeout,
+            on_connection_error=lambda: self._addresses.pop(name, None),  # it may come back on another port
+        )
+        if not 200 <= reply.status < 300:
+            raise ServerCallError(f"{name} {path}", error_detail(reply.body), reply.status)
+        return reply
+
+    @staticmethod
+    async def _with_retries(
+        target: str,
+        send: Callable[[], Awaitable[Reply]],
+        retry: RetryPolicy,
+        timeout_s: float,
+        on_connection_error: Callable[[], object] | None = None,
+    ) -> Reply:
+        """The one retry loop: ``send`` again after a failed connection or a transient status, with
+        the policy's backoff, up to its attempts; returns the last reply, whatever its status.
+
+        A timeout is not retried: the callee may still be working on the request, and every
+        retry would wait the whole timeout again.
+        """
         for attempt in range(1, retry.attempts + 1):
             if attempt > 1:
                 await asyncio.sleep(retry.delay(attempt - 1))
             try:
-                reply = await self._send(name, method, path, body, cookies, timeout_s or self.timeout_s)
-            except UnknownServerError:
-                raise
+                reply = await send()
             except TimeoutError:
-                raise ServerCallError(
-                    target, f"no reply within {timeout_s or self.timeout_s:g}s", None, "Timeout"
-                ) from None
+                raise ServerCallError(target, f"no reply within {timeout_s:g}s", None, "Timeout") from None
             except (aiohttp.ClientConnectionError, ConnectionError) as exc:
-                self._addresses.pop(name, None)  # it may come back on another port
-                last = ServerCallError(target, f"connection failed: {exc}", None, type(exc).__name__)
-                continue
-            if 200 <= reply.status < 300:
+                if on_connection_error is not None:
+                    on_connection_error()
+                if attempt < retry.attempts:
+                    continue
+                error = ServerCallError(target, f"connection failed: {exc}", None, type(exc).__name__)
+                raise error from exc
+            if not retry.should_retry_status(reply.status) or attempt == retry.attempts:
                 return reply
-            last = ServerCallError(target, error_detail(reply.body), reply.status)
-            if not retry.should_retry_status(reply.status):
-                break
-        assert last is not None
-        raise last
+        raise AssertionError("RetryPolicy.attempts must be at least 1")
 
     async def _send(
         self, name: str, method: str, path: str, body: bytes, cookies: dict[str, str] | None, timeout_s: float
@@ -209,22 +228,10 @@ class ServerClient:
         """
         body = b"" if payload is None else orjson.dumps(payload)
         all_headers = {"content-type": "application/json", **(headers or {})}
-        for attempt in range(1, retry.attempts + 1):
-            if attempt > 1:
-                await asyncio.sleep(retry.delay(attempt - 1))
-            try:
-                reply = await self._http(method, url, body, all_headers, timeout_s or self.timeout_s)
-            except TimeoutError:
-                raise ServerCallError(
-                    url, f"no reply within {timeout_s or self.timeout_s:g}s", None, "Timeout"
-                ) from None
-            except (aiohttp.ClientConnectionError, ConnectionError) as exc:
-                if attempt == retry.attempts:
-                    raise ServerCallError(url, f"connection failed: {exc}", None, type(exc).__name__) from exc
-                continue
-            if not retry.should_retry_status(reply.status) or attempt == retry.attempts:
-                return reply
-        raise AssertionError("unreachable")
+        timeout = timeout_s or self.timeout_s
+        return await self._with_retries(
+            url, lambda: self._http(method, url, body, all_headers, timeout), retry, timeout
+        )
 
     async def _http(
         self, method: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float

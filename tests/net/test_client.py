@@ -76,7 +76,27 @@ async def test_connection_refused_fails_after_bounded_retries() -> None:
         await client.call("gone", "/x", {}, retry=FAST)
     assert info.value.status is None
     assert loop.time() - began < 5
+    with pytest.raises(UnknownServerError):  # forgotten: a restarted server may listen elsewhere
+        await client.resolve("gone")
     await client.close()
+
+
+@pytest.mark.parametrize(("fail_times", "status", "calls_made"), [(2, 503, 3), (5, 503, 3), (5, 500, 1)])
+async def test_request_url_retries_like_call_and_returns_the_last_reply(
+    fail_times: int, status: int, calls_made: int
+) -> None:
+    """Same loop as ``call``, but the final reply comes back whatever its status (for proxies)."""
+    app, calls = flaky_app(fail_times, status)
+    server = AppServer(app, bind_socket())
+    await server.start()
+    client = ServerClient()
+    try:
+        reply = await client.request_url("POST", server.url + "/x", {}, retry=FAST)
+        assert len(calls) == calls_made
+        assert reply.status == (200 if fail_times < calls_made else status)
+    finally:
+        await server.stop()
+        await client.close()
 
 
 async def test_timeout_is_reported() -> None:
