@@ -4,9 +4,10 @@ Environment tests call tools and ``/verify`` directly with synthetic responses (
 socket), and check that the shipped datasets are what ``data/generate.py`` writes. Every
 environment's tests need the same few pieces, so they live here rather than in each test folder:
 
-- ``serve_in_process(server)``: the server's lifespan entered and a ``ServerClient`` that calls its
-  app in-process under the name ``env``; ``in_process_client(server)`` when the test manages the
-  lifespan itself (a module-scoped server, say);
+- ``serve_in_process(server)``: the server's lifespan entered and a ``ServerClient`` that calls it
+  in-process under the name ``env``, through the same path as the inline backend (so a test sees
+  what production does); ``in_process_client(server)`` when the test manages the lifespan itself
+  (a module-scoped server, say);
 - ``synthetic_response(output)`` and ``verify(client, row, output)``: a Responses object built from
   output items or from the text of a final answer, and the verifier's JSON reply to it;
 - ``read_jsonl``, ``read_splits`` and ``assert_generator_reproduces``: the shipped dataset files,
@@ -35,9 +36,10 @@ SPLITS = ("example", "train", "validation")
 
 
 def in_process_client(server: BaseServer, name: str = ENV) -> ServerClient:
-    """A client whose calls to ``name`` go straight into ``server``'s ASGI app (no socket)."""
+    """A client whose calls to ``name`` go straight into ``server`` (no socket), the way the inline
+    backend calls it: JSON routes through ``dispatch``, the rest through its ASGI app."""
     client = ServerClient()
-    client.add_local(name, server.app)
+    client.add_local(name, server.app, server.dispatch)
     return client
 
 

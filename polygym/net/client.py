@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from polygym.net.asgi_transport import ASGIApp, asgi_request
+from polygym.net.asgi_transport import ASGIApp, asgi_request, in_own_context
 from polygym.net.retry import RetryPolicy
 from polygym.suggest import unknown_name_message
 
@@ -57,10 +57,12 @@ class Reply:
         return orjson.loads(self.body) if self.body else None
 
 
-def _cookie_header(cookies: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
-    if not cookies:
-        return []
-    return [(b"cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()).encode())]
+def _json_headers(cookies: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
+    """Headers of a JSON request to a server, with the session cookies it is to see."""
+    headers = [(b"content-type", b"application/json")]
+    if cookies:
+        headers.append((b"cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()).encode()))
+    return headers
 
 
 def _cookies_from_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -194,22 +196,23 @@ class ServerClient:
     async def _send(
         self, name: str, method: str, path: str, body: bytes, cookies: dict[str, str] | None, timeout_s: float
     ) -> Reply:
-        dispatch = self._dispatch.get(name)
-        if dispatch is not None:
+        if name in self._local:
             async with asyncio.timeout(timeout_s):
-                served = await dispatch(method, path, body, cookies or {})
-            if served is not None:
-                return Reply(served[0], served[2], _cookies_from_headers(served[1]))
-        headers = [(b"content-type", b"application/json"), *_cookie_header(cookies)]
-        app = self._local.get(name)
-        if app is not None:
-            async with asyncio.timeout(timeout_s):
-                status, resp_headers, resp_body = await asgi_request(app, method, path, body, headers)
-            return Reply(status, resp_body, _cookies_from_headers(resp_headers))
+                served = await in_own_context(self._serve_local(name, method, path, body, cookies))
+            return Reply(served[0], served[2], _cookies_from_headers(served[1]))
         url = await self.resolve(name)
-        return await self._http(
-            method, url + path, body, {k.decode(): v.decode() for k, v in headers}, timeout_s
-        )
+        headers = {k.decode(): v.decode() for k, v in _json_headers(cookies)}
+        return await self._http(method, url + path, body, headers, timeout_s)
+
+    async def _serve_local(
+        self, name: str, method: str, path: str, body: bytes, cookies: dict[str, str] | None
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """A call to a server in this process: its ``dispatch`` serves JSON routes, its app the rest."""
+        dispatch = self._dispatch.get(name)
+        served = await dispatch(method, path, body, cookies or {}) if dispatch is not None else None
+        if served is not None:
+            return served
+        return await asgi_request(self._local[name], method, path, body, _json_headers(cookies))
 
     async def request_url(
         self,

@@ -1,6 +1,7 @@
 """ServerClient: retries on transient errors only, timeouts, name resolution through the head."""
 
 import asyncio
+import contextvars
 
 import pytest
 from starlette.applications import Starlette
@@ -14,6 +15,7 @@ from polygym.net.retry import RetryPolicy
 from polygym.stack.head import Registry, head_app
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.001, max_delay_s=0.01)
+CURRENT = contextvars.ContextVar("current", default="caller")
 
 
 def flaky_app(fail_times: int, status: int) -> tuple[Starlette, list[int]]:
@@ -130,3 +132,28 @@ async def test_names_resolve_through_head_registry() -> None:
         await client.close()
         await target.stop()
         await head.stop()
+
+
+async def test_in_process_calls_run_in_their_own_context() -> None:
+    """As behind a socket, a handler starts from the caller's context and its changes stay its own,
+    whether ``dispatch`` serves the route or the ASGI app does."""
+    seen: list[str] = []
+
+    async def endpoint(request: Request) -> JSONResponse:
+        seen.append(CURRENT.get())
+        CURRENT.set("app")
+        return JSONResponse({})
+
+    async def dispatch(method: str, path: str, body: bytes, cookies: dict[str, str]) -> tuple | None:
+        if path != "/direct":
+            return None
+        seen.append(CURRENT.get())
+        CURRENT.set("dispatch")
+        return 200, [], b"{}"
+
+    client = ServerClient()
+    client.add_local("s", Starlette(routes=[Route("/x", endpoint, methods=["POST"])]), dispatch)
+    CURRENT.set("rollout 7")
+    await client.call("s", "/x", {})
+    await client.call("s", "/direct", {})
+    assert seen == ["rollout 7", "rollout 7"] and CURRENT.get() == "rollout 7"
