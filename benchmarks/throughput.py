@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import GymStack, MemorySampler, cpu_seconds, percentile, print_table, write_json
-from polygym.blend.mix import load_blend, write_jsonl
+from polygym.blend.mix import load_blend
 from polygym.blend.spec import spec_from_flags
 from polygym.cli.base import run_async  # uvloop, as the gym command uses
 from polygym.collect.dataset import Materialization, load_jobs
 from polygym.collect.rollouts import Limits, collect
+from polygym.jsonl import write_jsonl
 from polygym.net.client import ServerClient
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config

@@ -46,6 +46,7 @@ from polygym.authoring.json_schema import (
 from polygym.authoring.probe import NOT_CALLED, Probe
 from polygym.authoring.report import FAIL, PASS, SKIP, WARN, CheckResult, EnvReport, Outcome
 from polygym.collect.dataset import check_row, read_rows
+from polygym.jsonl import count_rows
 from polygym.net.thread_server import StartupError, ThreadServer
 from polygym.protocol import function_call_item, function_call_output_item, function_calls, message_item
 from polygym.protocol import new_response as _new_response
@@ -509,8 +510,7 @@ def _load_rows(environment: Environment, max_rows: int) -> tuple[list[dict[str, 
         check_row(row, problems)
         if len(problems) == known:
             rows.append(row.data)
-    with path.open("rb") as handle:
-        total = sum(1 for line in handle if line.strip())
+    total = count_rows(path)
     problems += [] if rows else ["no usable rows"]
     detail = f"{path}: {total} rows, checking {len(rows)}"
     return rows, ((FAIL, "; ".join([*problems, detail])) if problems else (PASS, detail))

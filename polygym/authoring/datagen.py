@@ -18,21 +18,15 @@ one without calls ``generator_main``.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from polygym.jsonl import write_jsonl
+
 Rows = list[dict[str, Any]]
 BuildSplits = Callable[[list[str]], Mapping[str, Rows]]
 """Called once with the names of the splits to write; returns at least those (it may return all)."""
-
-
-def write_jsonl(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
-    """Write ``rows`` to ``path`` as JSON lines (non-ASCII kept, UTF-8) and say how many."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    print(f"wrote {len(rows)} rows to {path}")
 
 
 def per_split(build: Callable[[str], Rows]) -> BuildSplits:
@@ -64,7 +58,8 @@ def write_splits(args: argparse.Namespace, splits: Iterable[str], build_splits: 
     wanted = [chosen] if chosen else names[:1] if args.output is not None else names
     built = build_splits(wanted)
     for split in wanted:
-        write_jsonl(built[split], args.output or args.output_dir / f"{split}.jsonl")
+        path = args.output or args.output_dir / f"{split}.jsonl"
+        print(f"wrote {write_jsonl(built[split], path, readable=True)} rows to {path}")
 
 
 def generator_main(

@@ -4,9 +4,10 @@ Environment tests call tools and ``/verify`` directly with synthetic responses (
 socket), and check that the shipped datasets are what ``data/generate.py`` writes. Every
 environment's tests need the same few pieces, so they live here rather than in each test folder:
 
-- ``serve_in_process(server)``: the server's lifespan entered and a ``ServerClient`` that calls its
-  app in-process under the name ``env``; ``in_process_client(server)`` when the test manages the
-  lifespan itself (a module-scoped server, say);
+- ``serve_in_process(server)``: the server's lifespan entered and a ``ServerClient`` that calls it
+  in-process under the name ``env``, through the same path as the inline backend (so a test sees
+  what production does); ``in_process_client(server)`` when the test manages the lifespan itself
+  (a module-scoped server, say);
 - ``synthetic_response(output)`` and ``verify(client, row, output)``: a Responses object built from
   output items or from the text of a final answer, and the verifier's JSON reply to it;
 - ``read_jsonl``, ``read_splits`` and ``assert_generator_reproduces``: the shipped dataset files,
@@ -17,7 +18,6 @@ Nothing here imports pytest: the helpers are plain functions and context manager
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterable
@@ -25,6 +25,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from polygym.jsonl import read_jsonl
 from polygym.net.client import ServerClient
 from polygym.protocol import message_item, new_response
 from polygym.servers.base import BaseServer
@@ -35,9 +36,10 @@ SPLITS = ("example", "train", "validation")
 
 
 def in_process_client(server: BaseServer, name: str = ENV) -> ServerClient:
-    """A client whose calls to ``name`` go straight into ``server``'s ASGI app (no socket)."""
+    """A client whose calls to ``name`` go straight into ``server`` (no socket), the way the inline
+    backend calls it: JSON routes through ``dispatch``, the rest through its ASGI app."""
     client = ServerClient()
-    client.add_local(name, server.app)
+    client.add_local(name, server.app, server.dispatch)
     return client
 
 
@@ -71,11 +73,6 @@ async def verify(
     if not isinstance(response, dict):
         response = synthetic_response(response)
     return (await client.call(name, "/verify", {**row, "response": response}, cookies=cookies)).json()
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSONL file; blank lines are skipped (as ``gym`` does), a malformed one raises."""
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def read_splits(data_dir: Path, splits: Iterable[str] = SPLITS) -> dict[str, list[dict[str, Any]]]:

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import orjson
-
 from polygym.blend.planner import DEFAULT_WARN_BELOW, Plan
 from polygym.blend.sampler import StepSampler
 from polygym.blend.spec import BlendSpec, BlendSpecError, EnvironmentSpec
@@ -212,17 +210,3 @@ def load_blend(spec: BlendSpec, split: Split = "train", check_verifiers: bool = 
     return Blend(spec, members, rows, split)
 
 
-def count_rows(path: Path) -> int:
-    """Non-blank lines of a JSONL file (for plans; no parsing)."""
-    with path.open("rb") as handle:
-        return sum(1 for line in handle if line.strip())
-
-
-def write_jsonl(rows: Iterator[dict[str, Any]], output: Path) -> int:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    written = 0
-    with output.open("wb") as handle:
-        for row in rows:
-            handle.write(orjson.dumps(row) + b"\n")
-            written += 1
-    return written

@@ -17,19 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from polygym.blend.planner import DEFAULT_WARN_BELOW, EnvDemand, Plan, make_plan
+from polygym.errors import BlendSpecError
 from polygym.suggest import closest, unknown_name_message
-
-
-class BlendSpecError(Exception):
-    """A spec that cannot be used; ``problems`` are ``file: key: problem`` lines."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__(self.problems)
-
-    def __str__(self) -> str:
-        count = len(self.problems)
-        return "\n  - ".join([f"{count} blend spec problem{'s' if count != 1 else ''}:", *self.problems])
 
 
 def _paths(value: Any) -> Any:

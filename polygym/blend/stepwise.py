@@ -38,8 +38,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from polygym.blend.mix import Blend, load_blend
 from polygym.blend.planner import Plan
 from polygym.blend.sampler import Step, StepSampler
@@ -58,7 +56,8 @@ from polygym.collect.row import (
     reward,
     total_tokens,
 )
-from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, iter_jsonl
+from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, prepare
+from polygym.jsonl import JsonlAppender, iter_jsonl, write_jsonl
 from polygym.net.client import ServerClient
 from polygym.stack.environment import EnvironmentNotFoundError, config_file
 
@@ -242,29 +241,31 @@ def _keep_before(path: Path, start_step: int, step_of: Callable[[dict[str, Any]]
         path.write_bytes(b"")
         return
     kept = [r for r in iter_jsonl(path) if (s := step_of(r)) is not None and s < start_step]
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in kept))
+    write_jsonl(kept, path)
+
+
+def _keep_steps_before(files: StepFiles, start_step: int, prompts_per_step: int) -> None:
+    """What a run continued at ``start_step`` keeps: every record of the steps before it."""
+    for path in (files.output, files.failures, files.materialized):
+        _keep_before(path, start_step, lambda r: _step_of(r, prompts_per_step))
+    _keep_before(files.steps, start_step, lambda r: r.get("step") if isinstance(r.get("step"), int) else None)
 
 
 def prepare_step_files(
     files: StepFiles, sampler: StepSampler, settings: StepSettings, overwrite: bool
 ) -> None:
     """Fresh files at step 0; at a later step, keep earlier steps and check they match the spec."""
-    files.output.parent.mkdir(parents=True, exist_ok=True)
     prompts = sampler.plan.prompts_per_step
     start_step = settings.start_step
+    prepare(
+        files,
+        resume=start_step > 0,
+        overwrite=overwrite,
+        keep=lambda _: _keep_steps_before(files, start_step, prompts),
+        how_to_continue="pass a start step to continue that run",
+    )
     if start_step == 0:
-        existing = [p for p in (files.output, files.materialized) if p.exists() and p.stat().st_size]
-        if existing and not overwrite:
-            raise RunFileError(
-                f"{existing[0]} already exists; pass a start step to continue that run or overwrite it"
-            )
-        for path in (files.output, files.failures, files.materialized, files.steps):
-            path.write_bytes(b"")
-        files.metrics.unlink(missing_ok=True)
         return
-    for path in (files.output, files.failures, files.materialized):
-        _keep_before(path, start_step, lambda r: _step_of(r, prompts))
-    _keep_before(files.steps, start_step, lambda r: r.get("step") if isinstance(r.get("step"), int) else None)
     previous = [r for r in iter_jsonl(files.materialized) if _step_of(r, prompts) == start_step - 1]
     if previous:
         expected = [
@@ -341,15 +342,12 @@ async def stream_steps(
     agents = {env.name: env.agent for env in blend.environments}
     with (
         RolloutWriter(files) as writer,
-        files.materialized.open("ab") as inputs,
-        files.steps.open("ab") as log,
+        JsonlAppender(files.materialized) as inputs,
+        JsonlAppender(files.steps) as log,
     ):
         for step in sampler.steps(settings.start_step, settings.steps):
             jobs = settings.jobs(step, plan)
-            inputs.write(
-                b"".join(orjson.dumps(j.row) + b"\n" for env_jobs in jobs.values() for j in env_jobs)
-            )
-            inputs.flush()
+            inputs.write_all(j.row for env_jobs in jobs.values() for j in env_jobs)
             recorder = _StepRecorder(step.number, writer, summary)
             began = time.perf_counter()
             timed_out = await _collect_step(client, jobs, settings.limits, deadline_s, recorder.record)
@@ -357,8 +355,7 @@ async def stream_steps(
             stragglers = recorder.stragglers(jobs, deadline_s, elapsed)
             results, rollouts = recorder.results, recorder.rollouts
             report = _report(step, plan, agents, jobs, results, stragglers, elapsed, timed_out, rollouts)
-            log.write(b"".join(orjson.dumps(line) + b"\n" for line in report.lines()))
-            log.flush()
+            log.write_all(report.lines())
             yield report
 
 

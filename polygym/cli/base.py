@@ -17,6 +17,7 @@ import yaml
 from click.core import ParameterSource
 from rich.console import Console
 
+from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
 from polygym.protocol import MODEL_KIND
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import ConfigError, StackConfig, load_config
@@ -25,7 +26,6 @@ from polygym.suggest import unknown_name_message
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, what shells report for a command stopped by Ctrl-C."""
@@ -101,7 +101,7 @@ def load_stack_config(
             )
         return load_config(paths, list(overrides))
     except ConfigError as exc:
-        fail(str(exc), EXIT_USAGE)
+        fail(str(exc), exc.exit_code)
 
 
 GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)

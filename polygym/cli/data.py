@@ -17,11 +17,12 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.blend.mix import ORDERS, load_blend, write_jsonl
+from polygym.blend.mix import ORDERS, load_blend
 from polygym.blend.spec import BlendSpec, BlendSpecError, load_spec, spec_from_flags
 from polygym.blend.validate import CHARS_PER_TOKEN, validate_files
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail
 from polygym.collect.dataset import DatasetError
+from polygym.jsonl import iter_jsonl, write_jsonl
 
 
 @click.group(cls=SuggestingGroup)
@@ -43,7 +44,7 @@ def spec_from_options(
     try:
         spec = load_spec(spec_path) if spec_path is not None else spec_from_flags(envs, prompts_per_step)
     except BlendSpecError as exc:
-        fail(str(exc), EXIT_USAGE)
+        fail(str(exc), exc.exit_code)
     updates: dict[str, Any] = {}
     if seed is not None:
         updates["seed"] = seed
@@ -102,10 +103,7 @@ def blend(**opts: Any) -> None:
         written = write_jsonl(loaded.ordered(opts["order"], opts["steps"]), opts["output_path"])
     except (BlendSpecError, DatasetError, ValueError) as exc:  # InfeasiblePlanError too
         fail(str(exc), EXIT_USAGE)
-    counts: Counter[str] = Counter()
-    with opts["output_path"].open("rb") as handle:
-        for line in handle:
-            counts[orjson.loads(line)["agent_ref"]["name"]] += 1
+    counts = Counter(row["agent_ref"]["name"] for row in iter_jsonl(opts["output_path"]))
     out = console()
     table = Table(title=f"{escape(str(opts['output_path']))} ({opts['order']} order)", title_justify="left")
     for column in ("environment", "agent", "source rows", "rows written"):

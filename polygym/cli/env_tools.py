@@ -107,7 +107,7 @@ def check(name: str, as_json: bool, timeout_s: float, max_rows: int) -> None:
     try:
         envcheck.resolve_env_dir(name)
     except ConfigError as exc:
-        fail("; ".join(exc.problems), EXIT_USAGE)
+        fail("; ".join(exc.problems), exc.exit_code)
     report = run_async(envcheck.check_env_async(name, timeout_s=timeout_s, max_rows=max_rows))
     if as_json:
         click.echo(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode())

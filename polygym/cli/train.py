@@ -15,7 +15,7 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.blend.mix import count_rows, load_blend, resolve
+from polygym.blend.mix import load_blend, resolve
 from polygym.blend.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
 from polygym.blend.spec import BlendSpec, BlendSpecError, load_spec
 from polygym.blend.stepwise import StepFiles, StepReport, StepSettings, environments_to_serve, run_steps
@@ -30,7 +30,8 @@ from polygym.cli.base import (
 )
 from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.collect.dataset import DatasetError
-from polygym.collect.run_files import RunFileError, iter_jsonl
+from polygym.collect.run_files import RunFileError
+from polygym.jsonl import count_rows, iter_jsonl
 from polygym.net.client import ServerCallError
 from polygym.stack.config import ConfigError, StackConfig
 from polygym.stack.launcher import LaunchError

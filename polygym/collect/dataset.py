@@ -17,22 +17,12 @@ from typing import Any
 import orjson
 
 from polygym.collect.row import INDEX_FIELDS, Job, make_job
+from polygym.errors import DatasetError
+from polygym.jsonl import numbered_lines
 from polygym.protocol import AGENT_KIND
 from polygym.suggest import unknown_name_message
 
-MAX_REPORTED_PROBLEMS = 50
 INPUT_ITEM_KEYS = ("role", "type")
-
-
-class DatasetError(Exception):
-    """Rows that cannot be used; ``problems`` lists ``file:line: field: problem`` lines."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        shown = problems[:MAX_REPORTED_PROBLEMS]
-        more = len(problems) - len(shown)
-        text = "\n".join(f"  {p}" for p in shown) + (f"\n  ... and {more} more" if more else "")
-        super().__init__(f"{len(problems)} invalid row problem{'s' if len(problems) != 1 else ''}:\n{text}")
 
 
 @dataclass
@@ -51,21 +41,18 @@ class Row:
 def read_rows(path: Path, problems: list[str], limit: int | None = None) -> list[Row]:
     """Parse a JSONL file; blank lines are skipped, unparsable lines become problems."""
     rows: list[Row] = []
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not raw.strip():
-                continue
-            try:
-                data = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                problems.append(f"{path}:{number}: (row): invalid JSON: {exc}")
-                continue
-            if not isinstance(data, dict):
-                problems.append(f"{path}:{number}: (row): must be a JSON object, got {type(data).__name__}")
-                continue
-            rows.append(Row(data, str(path), number))
+    for number, raw in numbered_lines(path):
+        if limit is not None and len(rows) >= limit:
+            break
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            problems.append(f"{path}:{number}: (row): invalid JSON: {exc}")
+            continue
+        if not isinstance(data, dict):
+            problems.append(f"{path}:{number}: (row): must be a JSON object, got {type(data).__name__}")
+            continue
+        rows.append(Row(data, str(path), number))
     return rows
 
 

@@ -17,7 +17,8 @@ from polygym import metrics
 from polygym.collect.progress import Progress
 from polygym.collect.rollouts import Limits, collect
 from polygym.collect.row import Job
-from polygym.collect.run_files import RolloutWriter, RunFiles, iter_jsonl, prepare
+from polygym.collect.run_files import RolloutWriter, RunFiles, done_keys, prepare
+from polygym.jsonl import encode_jsonl, iter_jsonl
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
 
@@ -106,7 +107,8 @@ async def run_eval(
     progress_interval_s: float = 10.0,
 ) -> RunSummary:
     """Collect every job not yet done into ``files``; cancellation leaves a resumable run."""
-    done = prepare(files, jobs, resume, overwrite)
+    prepare(files, resume, overwrite, materialized=encode_jsonl(job.row for job in jobs))
+    done = done_keys(files.output) & {job.key for job in jobs} if resume else set()
     todo = [job for job in jobs if job.key not in done]
     summary = RunSummary(total=len(jobs), skipped=len(done))
     totals = Counter(job.agent for job in jobs)

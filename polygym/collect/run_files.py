@@ -14,15 +14,13 @@ left by a ``kill -9`` is cut off before appending.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import orjson
-
-from polygym.collect.row import ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.collect.row import ROLLOUT_INDEX, TASK_INDEX
+from polygym.jsonl import JsonlAppender, iter_jsonl, truncate_torn_tail
 
 
 class RunFileError(Exception):
@@ -52,38 +50,9 @@ class RunFiles:
     def all(self) -> list[Path]:
         return [self.output, self.materialized, self.failures, self.metrics]
 
-
-def materialized_bytes(jobs: Iterable[Job]) -> bytes:
-    return b"".join(orjson.dumps(job.row) + b"\n" for job in jobs)
-
-
-def _truncate_torn_tail(path: Path) -> None:
-    """Cut a partial last line (a write interrupted by kill -9) so appends start clean."""
-    size = path.stat().st_size
-    if size == 0:
-        return
-    with path.open("rb+") as handle:
-        handle.seek(-1, os.SEEK_END)
-        if handle.read(1) == b"\n":
-            return
-        data = path.read_bytes()
-        handle.truncate(data.rfind(b"\n") + 1)
-
-
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Complete, parsable lines of a JSONL file (a torn last line is skipped)."""
-    if not path.exists():
-        return
-    with path.open("rb") as handle:
-        for raw in handle:
-            if not raw.endswith(b"\n"):
-                break
-            try:
-                data = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(data, dict):
-                yield data
+    def jsonl_files(self) -> list[Path]:
+        """Every file of the run but the metrics: the JSON Lines it writes as it goes."""
+        return [path for path in self.all() if path != self.metrics]
 
 
 def done_keys(path: Path) -> set[tuple[int, int]]:
@@ -92,25 +61,43 @@ def done_keys(path: Path) -> set[tuple[int, int]]:
     }
 
 
-def prepare(files: RunFiles, jobs: list[Job], resume: bool, overwrite: bool) -> set[tuple[int, int]]:
-    """Set up the files for a fresh or resumed run; returns the keys already done."""
+def prepare(
+    files: RunFiles,
+    resume: bool,
+    overwrite: bool,
+    materialized: bytes | None = None,
+    keep: Callable[[RunFiles], None] | None = None,
+    how_to_continue: str = "pass --resume to finish that run",
+) -> None:
+    """Make ``files`` ready for a fresh run, or for continuing the interrupted run they hold.
+
+    One function for every kind of run, so that all of them refuse to replace a run unless told
+    to (``overwrite``; the message says ``how_to_continue`` instead) and start from the same clean
+    set of files. ``materialized`` is every job of a run that knows them up front (``gym eval
+    run``): written on a fresh start and, on resume, required byte-identical to the file, which
+    proves the input and options unchanged; None when jobs are appended as the run goes (step-wise
+    collection). ``keep`` cuts the files of a continued run back to what it keeps (default
+    ``keep_finished``; step-wise collection keeps the steps before its start step).
+    """
     files.output.parent.mkdir(parents=True, exist_ok=True)
-    materialized = materialized_bytes(jobs)
-    if resume:
-        return _prepare_resume(files, materialized, jobs)
+    if not resume:
+        _start_fresh(files, overwrite, materialized or b"", how_to_continue)
+        return
+    if materialized is not None:
+        _check_materialized(files, materialized)
+    (keep or keep_finished)(files)
+
+
+def _start_fresh(files: RunFiles, overwrite: bool, materialized: bytes, how_to_continue: str) -> None:
     existing = [p for p in (files.output, files.materialized) if p.exists() and p.stat().st_size]
     if existing and not overwrite:
-        raise RunFileError(
-            f"{existing[0]} already exists; pass --resume to finish that run or --overwrite to start over"
-        )
-    files.materialized.write_bytes(materialized)
-    for path in (files.output, files.failures):
-        path.write_bytes(b"")
+        raise RunFileError(f"{existing[0]} already exists; {how_to_continue} or --overwrite to start over")
+    for path in files.jsonl_files():
+        path.write_bytes(materialized if path == files.materialized else b"")
     files.metrics.unlink(missing_ok=True)
-    return set()
 
 
-def _prepare_resume(files: RunFiles, materialized: bytes, jobs: list[Job]) -> set[tuple[int, int]]:
+def _check_materialized(files: RunFiles, materialized: bytes) -> None:
     if not files.materialized.exists():
         raise RunFileError(
             f"cannot resume: {files.materialized} does not exist (start the run without --resume)"
@@ -121,29 +108,30 @@ def _prepare_resume(files: RunFiles, materialized: bytes, jobs: list[Job]) -> se
             "resume with the same --input, --limit, --num-repeats, sampling flags and --seed, or start over "
             "with --overwrite"
         )
+
+
+def keep_finished(files: RunFiles) -> None:
+    """What a resumed ``gym eval run`` keeps: its finished rollouts, less a torn last line. The
+    failures are cleared, since their jobs run again."""
     if files.output.exists():
-        _truncate_torn_tail(files.output)
+        truncate_torn_tail(files.output)
     else:
         files.output.write_bytes(b"")
     files.failures.write_bytes(b"")
-    wanted = {job.key for job in jobs}
-    return done_keys(files.output) & wanted
 
 
 class RolloutWriter:
     """Appends rollouts and failures, flushing each line so a crash loses nothing finished."""
 
     def __init__(self, files: RunFiles) -> None:
-        self._out: IO[bytes] = files.output.open("ab")
-        self._failures: IO[bytes] = files.failures.open("ab")
+        self._out = JsonlAppender(files.output)
+        self._failures = JsonlAppender(files.failures)
 
     def rollout(self, rollout: dict[str, Any]) -> None:
-        self._out.write(orjson.dumps(rollout, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-        self._out.flush()
+        self._out.write(rollout)
 
     def failure(self, failure: dict[str, Any]) -> None:
-        self._failures.write(orjson.dumps(failure) + b"\n")
-        self._failures.flush()
+        self._failures.write(failure)
 
     def close(self) -> None:
         self._out.close()

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from polygym.net.asgi_transport import ASGIApp, asgi_request
+from polygym.net.asgi_transport import ASGIApp, asgi_request, in_own_context
 from polygym.net.retry import RetryPolicy
 from polygym.suggest import unknown_name_message
 
@@ -57,10 +57,12 @@ class Reply:
         return orjson.loads(self.body) if self.body else None
 
 
-def _cookie_header(cookies: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
-    if not cookies:
-        return []
-    return [(b"cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()).encode())]
+def _json_headers(cookies: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
+    """Headers of a JSON request to a server, with the session cookies it is to see."""
+    headers = [(b"content-type", b"application/json")]
+    if cookies:
+        headers.append((b"cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()).encode()))
+    return headers
 
 
 def _cookies_from_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -147,50 +149,70 @@ class ServerClient:
     ) -> Reply:
         """Call ``path`` on server ``name``; raises ServerCallError unless the status is 2xx."""
         body = b"" if payload is None else orjson.dumps(payload)
-        target = f"{name} {path}"
-        last: ServerCallError | None = None
+        timeout = timeout_s or self.timeout_s
+        reply = await self._with_retries(
+            f"{name} {path}",
+            lambda: self._send(name, method, path, body, cookies, timeout),
+            retry,
+            timeout,
+            on_connection_error=lambda: self._addresses.pop(name, None),  # it may come back on another port
+        )
+        if not 200 <= reply.status < 300:
+            raise ServerCallError(f"{name} {path}", error_detail(reply.body), reply.status)
+        return reply
+
+    @staticmethod
+    async def _with_retries(
+        target: str,
+        send: Callable[[], Awaitable[Reply]],
+        retry: RetryPolicy,
+        timeout_s: float,
+        on_connection_error: Callable[[], object] | None = None,
+    ) -> Reply:
+        """The one retry loop: ``send`` again after a failed connection or a transient status, with
+        the policy's backoff, up to its attempts; returns the last reply, whatever its status.
+
+        A timeout is not retried: the callee may still be working on the request, and every
+        retry would wait the whole timeout again.
+        """
         for attempt in range(1, retry.attempts + 1):
             if attempt > 1:
                 await asyncio.sleep(retry.delay(attempt - 1))
             try:
-                reply = await self._send(name, method, path, body, cookies, timeout_s or self.timeout_s)
-            except UnknownServerError:
-                raise
+                reply = await send()
             except TimeoutError:
-                raise ServerCallError(
-                    target, f"no reply within {timeout_s or self.timeout_s:g}s", None, "Timeout"
-                ) from None
+                raise ServerCallError(target, f"no reply within {timeout_s:g}s", None, "Timeout") from None
             except (aiohttp.ClientConnectionError, ConnectionError) as exc:
-                self._addresses.pop(name, None)  # it may come back on another port
-                last = ServerCallError(target, f"connection failed: {exc}", None, type(exc).__name__)
-                continue
-            if 200 <= reply.status < 300:
+                if on_connection_error is not None:
+                    on_connection_error()
+                if attempt < retry.attempts:
+                    continue
+                error = ServerCallError(target, f"connection failed: {exc}", None, type(exc).__name__)
+                raise error from exc
+            if not retry.should_retry_status(reply.status) or attempt == retry.attempts:
                 return reply
-            last = ServerCallError(target, error_detail(reply.body), reply.status)
-            if not retry.should_retry_status(reply.status):
-                break
-        assert last is not None
-        raise last
+        raise AssertionError("RetryPolicy.attempts must be at least 1")
 
     async def _send(
         self, name: str, method: str, path: str, body: bytes, cookies: dict[str, str] | None, timeout_s: float
     ) -> Reply:
-        dispatch = self._dispatch.get(name)
-        if dispatch is not None:
+        if name in self._local:
             async with asyncio.timeout(timeout_s):
-                served = await dispatch(method, path, body, cookies or {})
-            if served is not None:
-                return Reply(served[0], served[2], _cookies_from_headers(served[1]))
-        headers = [(b"content-type", b"application/json"), *_cookie_header(cookies)]
-        app = self._local.get(name)
-        if app is not None:
-            async with asyncio.timeout(timeout_s):
-                status, resp_headers, resp_body = await asgi_request(app, method, path, body, headers)
-            return Reply(status, resp_body, _cookies_from_headers(resp_headers))
+                served = await in_own_context(self._serve_local(name, method, path, body, cookies))
+            return Reply(served[0], served[2], _cookies_from_headers(served[1]))
         url = await self.resolve(name)
-        return await self._http(
-            method, url + path, body, {k.decode(): v.decode() for k, v in headers}, timeout_s
-        )
+        headers = {k.decode(): v.decode() for k, v in _json_headers(cookies)}
+        return await self._http(method, url + path, body, headers, timeout_s)
+
+    async def _serve_local(
+        self, name: str, method: str, path: str, body: bytes, cookies: dict[str, str] | None
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """A call to a server in this process: its ``dispatch`` serves JSON routes, its app the rest."""
+        dispatch = self._dispatch.get(name)
+        served = await dispatch(method, path, body, cookies or {}) if dispatch is not None else None
+        if served is not None:
+            return served
+        return await asgi_request(self._local[name], method, path, body, _json_headers(cookies))
 
     async def request_url(
         self,
@@ -209,22 +231,10 @@ class ServerClient:
         """
         body = b"" if payload is None else orjson.dumps(payload)
         all_headers = {"content-type": "application/json", **(headers or {})}
-        for attempt in range(1, retry.attempts + 1):
-            if attempt > 1:
-                await asyncio.sleep(retry.delay(attempt - 1))
-            try:
-                reply = await self._http(method, url, body, all_headers, timeout_s or self.timeout_s)
-            except TimeoutError:
-                raise ServerCallError(
-                    url, f"no reply within {timeout_s or self.timeout_s:g}s", None, "Timeout"
-                ) from None
-            except (aiohttp.ClientConnectionError, ConnectionError) as exc:
-                if attempt == retry.attempts:
-                    raise ServerCallError(url, f"connection failed: {exc}", None, type(exc).__name__) from exc
-                continue
-            if not retry.should_retry_status(reply.status) or attempt == retry.attempts:
-                return reply
-        raise AssertionError("unreachable")
+        timeout = timeout_s or self.timeout_s
+        return await self._with_retries(
+            url, lambda: self._http(method, url, body, all_headers, timeout), retry, timeout
+        )
 
     async def _http(
         self, method: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float

@@ -12,16 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from polygym.errors import ConfigError
 from polygym.suggest import closest
 
 SERVER_KINDS: tuple[str, ...] = ("resources_servers", "responses_api_agents", "responses_api_models")
-
-
-def _config_error(problems: list[str]) -> Exception:
-    """Build a ConfigError; imported late because ``polygym.stack.config`` imports this module."""
-    from polygym.stack.config import ConfigError
-
-    return ConfigError(problems)
 
 
 def project_root() -> Path:
@@ -57,7 +51,7 @@ def _is_implementation_name(name: str) -> bool:
 
 def _check_kind(kind: str) -> None:
     if kind not in SERVER_KINDS:
-        raise _config_error([describe_unknown("server kind", kind, SERVER_KINDS)])
+        raise ConfigError([describe_unknown("server kind", kind, SERVER_KINDS)])
 
 
 def describe_unknown(what: str, name: str, known: Iterable[str], origin: str | None = None) -> str:
@@ -106,7 +100,7 @@ def find_implementation_dir(kind: str, implementation: str) -> Path:
     _check_kind(kind)
     found = _find(kind, implementation)
     if found is None:
-        raise _config_error([describe_missing_implementation(kind, implementation)])
+        raise ConfigError([describe_missing_implementation(kind, implementation)])
     return found
 
 
@@ -150,7 +144,7 @@ def selector_paths(resources_servers: list[str], model_types: list[str], configs
             continue
         paths.append(path)
     if problems:
-        raise _config_error(problems)
+        raise ConfigError(problems)
     return paths
 
 

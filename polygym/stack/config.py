@@ -27,6 +27,7 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
+from polygym.errors import ConfigError
 from polygym.stack import catalog
 from polygym.stack.catalog import SERVER_KINDS, describe_unknown
 from polygym.suggest import closest
@@ -40,19 +41,6 @@ _UNRESOLVED = object()  # a value that could not be resolved; its problem is alr
 # ${a.b.c}: a plain absolute key (not a resolver call such as ${oc.env:X}, not a relative ${.x}).
 _KEY_REFERENCE = re.compile(r"\$\{\s*([A-Za-z_][\w\-]*(?:\.[\w\-]+)*)\s*\}")
 _OVERRIDE_KEY = re.compile(r"[^\s.=]+(?:\.[^\s.=]+)*")
-
-
-class ConfigError(Exception):
-    """Every problem found in a configuration, reported together so one run shows all fixes needed."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems: list[str] = list(problems)
-        super().__init__(self.problems)  # keeps the error picklable across process backends
-
-    def __str__(self) -> str:
-        count = len(self.problems)
-        header = f"{count} config problem{'s' if count != 1 else ''}:"
-        return "\n  - ".join([header, *self.problems])
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ from polygym.collect.compare import Comparison, compare
 from polygym.collect.eval_run import run_eval
 from polygym.collect.rollouts import Limits
 from polygym.collect.row import ALL_ENVS, Job, make_job, reward
-from polygym.collect.run_files import RunFiles, iter_jsonl
+from polygym.collect.run_files import RunFiles
+from polygym.jsonl import append_jsonl, iter_jsonl, write_jsonl
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
 from polygym.training.collector import TokenCollector, TokenStep
@@ -134,12 +135,6 @@ def validate(
     return {env: statistics.fmean(values) if values else math.nan for env, values in rewards.items()}
 
 
-def _write_jsonl(path: Path, lines: Sequence[dict[str, Any]], mode: str = "a") -> None:
-    with path.open(mode) as handle:
-        for line in lines:
-            handle.write(json.dumps(line) + "\n")
-
-
 def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     """Run everything the module docstring lists; ``echo`` receives progress lines."""
     import torch
@@ -173,7 +168,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
 
     def on_step(step: TokenStep) -> None:
         steps.append(step)
-        _write_jsonl(log_path, step.log_lines())
+        append_jsonl(step.log_lines(), log_path)
         parts = [
             f"{env} {s.reward_mean:.3f} ({s.realized_share:.0%})"
             for env, s in step.stats.items()
@@ -226,7 +221,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             t = time.perf_counter()
             trainer.train()
             timings["train_s"] = time.perf_counter() - t
-            _write_jsonl(out / "trainer_log.jsonl", trainer.state.log_history, mode="w")
+            write_jsonl(trainer.state.log_history, out / "trainer_log.jsonl")
 
             t = time.perf_counter()
             after = validate(

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from polygym.authoring.datagen import generator_main, generator_parser, per_split, write_jsonl, write_splits
+from polygym.authoring.datagen import generator_main, generator_parser, per_split, write_splits
+from polygym.jsonl import write_jsonl
 
 SPLITS = ["example", "train", "validation"]
 
@@ -28,11 +29,15 @@ def run(tmp_path: Path, *argv: str) -> tuple[list[str], dict[str, str]]:
     return built, written
 
 
-def test_write_jsonl_keeps_non_ascii_and_default_separators(tmp_path: Path, capsys) -> None:
+def test_readable_jsonl_keeps_non_ascii_and_default_separators(tmp_path: Path) -> None:
     path = tmp_path / "new" / "rows.jsonl"
-    write_jsonl([{"a": 1, "b": "é"}, {"c": [1, 2]}], path)
+    assert write_jsonl([{"a": 1, "b": "é"}, {"c": [1, 2]}], path, readable=True) == 2
     assert path.read_bytes() == '{"a": 1, "b": "é"}\n{"c": [1, 2]}\n'.encode()
-    assert capsys.readouterr().out == f"wrote 2 rows to {path}\n"
+
+
+def test_each_written_split_is_reported(tmp_path: Path, capsys) -> None:
+    run(tmp_path, "--split", "train")
+    assert capsys.readouterr().out == f"wrote 1 rows to {tmp_path / 'data' / 'train.jsonl'}\n"
 
 
 def test_no_flags_write_every_split_next_to_the_script(tmp_path: Path) -> None:

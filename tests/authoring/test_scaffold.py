@@ -11,7 +11,7 @@ import pytest
 
 from polygym.authoring import scaffold
 from polygym.authoring.check import PASS, check_env
-from polygym.collect.run_files import iter_jsonl
+from polygym.jsonl import iter_jsonl
 from tests.conftest import gym_command
 
 NAME = "my_env"

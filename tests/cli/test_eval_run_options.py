@@ -10,7 +10,7 @@ from click.testing import CliRunner, Result
 from polygym.blend.stepwise import StepFiles
 from polygym.cli import gym
 from polygym.collect.row import ROLLOUT_INDEX
-from polygym.collect.run_files import iter_jsonl
+from polygym.jsonl import iter_jsonl
 
 SPEC = """
 environments:

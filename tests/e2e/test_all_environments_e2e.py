@@ -12,7 +12,8 @@ from pathlib import Path
 
 import orjson
 
-from polygym.collect.run_files import RunFiles, iter_jsonl
+from polygym.collect.run_files import RunFiles
+from polygym.jsonl import iter_jsonl
 from polygym.stack.catalog import list_implementations
 from tests.conftest import gym_command
 

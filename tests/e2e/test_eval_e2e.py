@@ -15,12 +15,13 @@ from typing import Any
 import orjson
 import pytest
 
-from polygym.blend.mix import load_blend, write_jsonl
+from polygym.blend.mix import load_blend
 from polygym.blend.spec import spec_from_flags
 from polygym.collect.dataset import Materialization, load_jobs
 from polygym.collect.eval_run import run_eval
 from polygym.collect.rollouts import Limits, collect
-from polygym.collect.run_files import RunFiles, iter_jsonl
+from polygym.collect.run_files import RunFiles
+from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, bind_socket
 from polygym.stack.catalog import selector_paths

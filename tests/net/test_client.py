@@ -1,6 +1,7 @@
 """ServerClient: retries on transient errors only, timeouts, name resolution through the head."""
 
 import asyncio
+import contextvars
 
 import pytest
 from starlette.applications import Starlette
@@ -14,6 +15,7 @@ from polygym.net.retry import RetryPolicy
 from polygym.stack.head import Registry, head_app
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.001, max_delay_s=0.01)
+CURRENT = contextvars.ContextVar("current", default="caller")
 
 
 def flaky_app(fail_times: int, status: int) -> tuple[Starlette, list[int]]:
@@ -76,7 +78,27 @@ async def test_connection_refused_fails_after_bounded_retries() -> None:
         await client.call("gone", "/x", {}, retry=FAST)
     assert info.value.status is None
     assert loop.time() - began < 5
+    with pytest.raises(UnknownServerError):  # forgotten: a restarted server may listen elsewhere
+        await client.resolve("gone")
     await client.close()
+
+
+@pytest.mark.parametrize(("fail_times", "status", "calls_made"), [(2, 503, 3), (5, 503, 3), (5, 500, 1)])
+async def test_request_url_retries_like_call_and_returns_the_last_reply(
+    fail_times: int, status: int, calls_made: int
+) -> None:
+    """Same loop as ``call``, but the final reply comes back whatever its status (for proxies)."""
+    app, calls = flaky_app(fail_times, status)
+    server = AppServer(app, bind_socket())
+    await server.start()
+    client = ServerClient()
+    try:
+        reply = await client.request_url("POST", server.url + "/x", {}, retry=FAST)
+        assert len(calls) == calls_made
+        assert reply.status == (200 if fail_times < calls_made else status)
+    finally:
+        await server.stop()
+        await client.close()
 
 
 async def test_timeout_is_reported() -> None:
@@ -110,3 +132,28 @@ async def test_names_resolve_through_head_registry() -> None:
         await client.close()
         await target.stop()
         await head.stop()
+
+
+async def test_in_process_calls_run_in_their_own_context() -> None:
+    """As behind a socket, a handler starts from the caller's context and its changes stay its own,
+    whether ``dispatch`` serves the route or the ASGI app does."""
+    seen: list[str] = []
+
+    async def endpoint(request: Request) -> JSONResponse:
+        seen.append(CURRENT.get())
+        CURRENT.set("app")
+        return JSONResponse({})
+
+    async def dispatch(method: str, path: str, body: bytes, cookies: dict[str, str]) -> tuple | None:
+        if path != "/direct":
+            return None
+        seen.append(CURRENT.get())
+        CURRENT.set("dispatch")
+        return 200, [], b"{}"
+
+    client = ServerClient()
+    client.add_local("s", Starlette(routes=[Route("/x", endpoint, methods=["POST"])]), dispatch)
+    CURRENT.set("rollout 7")
+    await client.call("s", "/x", {})
+    await client.call("s", "/direct", {})
+    assert seen == ["rollout 7", "rollout 7"] and CURRENT.get() == "rollout 7"

@@ -18,7 +18,7 @@ pytest.importorskip("trl")
 from click.testing import CliRunner
 
 from polygym.cli import gym
-from polygym.collect.run_files import iter_jsonl
+from polygym.jsonl import iter_jsonl
 
 GAME = {
     "responses_create_params": {"input": [{"role": "system", "content": "Guess."}], "max_output_tokens": 4},

@@ -17,7 +17,7 @@ from polygym.blend.mix import load_blend
 from polygym.blend.spec import BlendSpec, parse_spec
 from polygym.blend.stepwise import StepFiles
 from polygym.collect.row import ALL_ENVS, ROLLOUT_INDEX, TASK_INDEX
-from polygym.collect.run_files import iter_jsonl
+from polygym.jsonl import iter_jsonl
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.training.advantages import group_advantages, zero_variance_groups
