@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, Field, ValidationError
@@ -158,11 +158,11 @@ class EpisodicVerifyResponse(VerifyResponse):
     reward_source: str  # "session": the live episode; "replay": replayed from response.output
 
 
-class EpisodicServer(ResourcesServer):
-    """A reset/step environment: subclasses implement ``reset`` and ``step``."""
+EpisodicConfigT = TypeVar("EpisodicConfigT", bound=EpisodicConfig)
 
-    Config = EpisodicConfig
-    config: EpisodicConfig
+
+class EpisodicServer(ResourcesServer[EpisodicConfigT]):
+    """A reset/step environment: subclasses implement ``reset`` and ``step``."""
 
     # -- to override -------------------------------------------------------------------------
     async def reset(self, row: dict[str, Any], session: Session) -> Any:

@@ -84,12 +84,16 @@ def _strip_titles(schema: Any) -> Any:
     return schema
 
 
-class ResourcesServer(BaseServer):
-    """An environment: subclasses add ``@tool`` methods and implement ``verify``."""
+ResourcesConfigT = TypeVar("ResourcesConfigT", bound=ResourcesServerConfig)
+
+
+class ResourcesServer(BaseServer[ResourcesConfigT]):
+    """An environment: subclasses add ``@tool`` methods and implement ``verify``.
+
+    An environment with settings of its own names their model: ``ResourcesServer[MyConfig]``.
+    """
 
     kind: ClassVar[str] = RESOURCES_KIND
-    Config: ClassVar[type[ServerConfig]] = ResourcesServerConfig
-    config: ResourcesServerConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

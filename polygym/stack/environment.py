@@ -125,7 +125,7 @@ def load_environment(env: str | Path) -> LoadedEnv:
 
 
 def _reward_range(spec: ServerSpec, cls: type) -> tuple[float, float]:
-    config_cls = getattr(cls, "Config", None)
+    config_cls = getattr(cls, "config_class", None)
     try:
         config = config_cls.model_validate(spec.config) if config_cls is not None else None
     except ValueError as exc:

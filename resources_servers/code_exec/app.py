@@ -95,10 +95,7 @@ class CodeExecVerifyResponse(CodeExecVerifyRequest, VerifyResponse):
     error: str | None
 
 
-class CodeExec(ResourcesServer):
-    Config = CodeExecConfig
-    config: CodeExecConfig
-
+class CodeExec(ResourcesServer[CodeExecConfig]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sandbox = Sandbox(self.config.sandbox)

@@ -69,10 +69,7 @@ class MathVerifyResponse(MathVerifyRequest, VerifyResponse):
     grading_error: str | None
 
 
-class MathWithVerify(ResourcesServer):
-    Config = MathWithVerifyConfig
-    config: MathWithVerifyConfig
-
+class MathWithVerify(ResourcesServer[MathWithVerifyConfig]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pool = CpuPool(workers=self.config.verify_workers)

@@ -155,10 +155,7 @@ def extract_letter(text: str, labels: str, mode: Extraction) -> tuple[str | None
     return None, None
 
 
-class Mcqa(ResourcesServer):
-    Config = McqaConfig
-    config: McqaConfig
-
+class Mcqa(ResourcesServer[McqaConfig]):
     async def verify(self, body: McqaVerifyRequest) -> McqaVerifyResponse:
         """Reward 1 iff the extracted option letter is ``expected_answer``, else 0."""
         labels = "".join(normalize_options(body.options))

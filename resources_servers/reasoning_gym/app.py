@@ -73,10 +73,7 @@ class ReasoningGymVerifyResponse(ReasoningGymVerifyRequest, VerifyResponse):
     score_error: str | None
 
 
-class ReasoningGym(ResourcesServer):
-    Config = ReasoningGymConfig
-    config: ReasoningGymConfig
-
+class ReasoningGym(ResourcesServer[ReasoningGymConfig]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pool = CpuPool(workers=self.config.score_workers)

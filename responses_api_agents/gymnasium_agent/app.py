@@ -61,10 +61,7 @@ def user_message(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
-class GymnasiumAgent(Agent):
-    Config = GymnasiumAgentConfig
-    config: GymnasiumAgentConfig
-
+class GymnasiumAgent(Agent[GymnasiumAgentConfig]):
     async def responses(self, body: dict[str, Any]) -> dict[str, Any]:
         """Play one episode; ``body`` is a dataset row or bare create params (for environments that
         need nothing else to reset)."""

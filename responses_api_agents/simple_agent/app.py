@@ -30,10 +30,7 @@ class SimpleAgentConfig(AgentConfig):
     """One tool call, and seed_session."""
 
 
-class SimpleAgent(Agent):
-    Config = SimpleAgentConfig
-    config: SimpleAgentConfig
-
+class SimpleAgent(Agent[SimpleAgentConfig]):
     async def seed_session(self, row: dict[str, Any]) -> dict[str, str]:
         reply = await self.client.call(
             self.config.resources_server.name, "/seed_session", row, timeout_s=self.config.tool_timeout_s

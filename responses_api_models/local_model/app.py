@@ -253,11 +253,8 @@ class Turn:
 # ------------------------------------------------------------------------------------- server
 
 
-class LocalModel(ModelServer):
+class LocalModel(ModelServer[Config]):
     """Serves an in-process llama.cpp model on ``/v1/responses`` and ``/v1/chat/completions``."""
-
-    Config = Config
-    config: Config
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -35,11 +35,8 @@ class Config(UpstreamConfig):
     openai_model: str
 
 
-class OpenAIModel(ModelServer):
+class OpenAIModel(ModelServer[Config]):
     """A proxy to an OpenAI-compatible endpoint."""
-
-    Config = Config
-    config: Config
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -443,11 +443,8 @@ def fake_token_ids(items: list[dict[str, Any]], instructions: Any = None) -> lis
 # ------------------------------------------------------------------------------------------ server
 
 
-class ScriptedModel(ModelServer):
+class ScriptedModel(ModelServer[Config]):
     """Serves the scripted policy on ``/v1/responses`` and ``/v1/chat/completions``."""
-
-    Config = Config
-    config: Config
 
     async def responses(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.respond(body)

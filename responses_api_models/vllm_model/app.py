@@ -226,11 +226,8 @@ def _opening(items: list[dict[str, Any]], limit: int = 4) -> list[dict[str, Any]
     return opening
 
 
-class VLLMModel(ModelServer):
+class VLLMModel(ModelServer[Config]):
     """Responses in front of one or more Chat Completions upstreams."""
-
-    Config = Config
-    config: Config
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
