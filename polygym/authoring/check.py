@@ -15,12 +15,13 @@ How the environment is started, and why:
   call has a timeout, an endpoint that timed out once is not called again (so a hanging verify
   costs one timeout, not one per row), and start and stop are bounded too.
 
-A correct rollout comes from the server class's optional classmethod ``example_solution(row)``,
-which returns the output items of a rollout that deserves the top reward; its function calls are
-replayed against the tools in the rollout's session before verify, so stateful environments see
-what a real rollout would have done. Without it the correct-rollout checks are skipped (and say how
-to enable them); the wrong rollouts are always checked. Tool arguments, valid and wrong, come from
-each tool's JSON Schema (``polygym.authoring.json_schema``).
+A correct rollout comes from the server class's classmethod ``example_solution(row)`` (declared
+on ``ResourcesServer``, returning None unless overridden), the output items of a rollout that
+deserves the top reward; its function calls are replayed against the tools in the rollout's
+session before verify, so stateful environments see what a real rollout would have done. Without
+one the correct-rollout checks are skipped (and say how to enable them); the wrong rollouts are
+always checked. Tool arguments, valid and wrong, come from each tool's JSON Schema
+(``polygym.authoring.json_schema``).
 """
 
 from __future__ import annotations
@@ -396,31 +397,37 @@ class _Checker:
         )
 
     async def correct_rollouts(self) -> Outcome:
-        solve = getattr(self.loaded.server_class, "example_solution", None)
-        if not callable(solve):
-            cls = self.loaded.server_class.__name__
-            return SKIP, (
-                f"no example_solution: add `@classmethod example_solution(cls, row) -> list[output items]` "
-                f"to {cls} to check that a correct answer is rewarded"
-            )
-        problems, self.correct = [], []
+        """Verify each row's example solution; rows whose solution is None (not known) are skipped."""
+        problems, correct = [], []
         for index, row in enumerate(self.rows):
             output, problem = await self._solution(row)
-            reward, problem = (None, problem) if problem else await self.verify(row, output, replay=True)
-            self.correct.append(math.nan if reward is None or problem else reward)
+            reward = None
+            if output is not None:
+                reward, problem = await self.verify(row, output, replay=True)
+            correct.append(math.nan if reward is None or problem else reward)
             if problem:
                 problems.append(f"row {index}: {problem}")
-        return _outcome(problems, "rewards " + ", ".join(f"{r:g}" for r in self.correct))
+        if not problems and all(math.isnan(r) for r in correct):
+            cls = self.loaded.server_class.__name__
+            return SKIP, (
+                f"no example_solution: override `@classmethod example_solution(cls, row) -> list[output "
+                f"items]` in {cls} to check that a correct answer is rewarded"
+            )
+        self.correct = correct
+        return _outcome(problems, "rewards " + ", ".join(f"{r:g}" for r in correct))
 
-    async def _solution(self, row: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    async def _solution(self, row: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
+        """The class's example solution for ``row`` (None when it knows none), or a problem."""
         try:
-            output = self.loaded.server_class.example_solution(copy.deepcopy(row))  # type: ignore[attr-defined]
+            output: Any = self.loaded.server_class.example_solution(copy.deepcopy(row))
             if inspect.isawaitable(output):
                 output = await output
         except Exception as exc:
-            return [], f"example_solution raised {type(exc).__name__}: {exc}"
+            return None, f"example_solution raised {type(exc).__name__}: {exc}"
+        if output is None:
+            return None, ""
         if not isinstance(output, list) or not all(isinstance(item, dict) for item in output):
-            return [], f"example_solution returned {type(output).__name__}, expected a list of output items"
+            return None, f"example_solution returned {type(output).__name__}, expected a list of output items"
         return output, ""
 
     def correct_beats_wrong(self) -> Outcome:
@@ -436,8 +443,8 @@ class _Checker:
     async def deterministic(self) -> Outcome:
         row, label = self.rows[0], "example solution"
         solved = self.correct and not math.isnan(self.correct[0])
-        output, problem = await self._solution(row) if solved else ([], "no solution")
-        if problem:
+        output, problem = await self._solution(row) if solved else (None, "no solution")
+        if problem or output is None:
             output, label = wrong_outputs(list(self.tools))["garbage answer"], "garbage answer"
         before = len(self.verified)
         replay = label == "example solution"

@@ -27,8 +27,8 @@ blank, else no action. A turn with no action is not stepped: the agent answers i
 
 Subclass notes: keep per-episode state in ``session.state`` (the base owns the ``_episode`` key),
 raise ``KeyError``/``ValueError`` (or a pydantic ValidationError) from ``reset`` for a bad row —
-it becomes a 422 —, call ``super().seed_session`` if you override it, and give the class an
-``example_solution(row)`` classmethod returning a winning rollout's output items so conformance
+it becomes a 422 —, call ``super().seed_session`` if you override it, and override the
+``example_solution(row)`` classmethod to return a winning rollout's output items so conformance
 checks can verify a correct episode through replay.
 """
 

@@ -113,6 +113,16 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
         """Metrics over this environment's rollouts; override to add domain metrics."""
         return metrics.aggregate(rollouts)
 
+    @classmethod
+    def example_solution(cls, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The output items of a rollout of ``row`` that deserves the top reward; None: not known.
+
+        Conformance checks (``gym env check``, ``check_env``) replay its tool calls in a session and
+        verify it, to show that a correct answer is rewarded and beats wrong ones; without one
+        (the default) those checks are skipped. May be async.
+        """
+        return None
+
     # -- machinery ---------------------------------------------------------------------------
     @classmethod
     def tools(cls) -> dict[str, ToolSpec]:

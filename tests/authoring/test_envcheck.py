@@ -84,6 +84,7 @@ BREAKAGES = {
     "hangs": {"# VERIFY": "await asyncio.sleep(3600)"},
     "random": {"# VERIFY": "reward = random.random()"},
     "bad_solution": {'message_item("right")': 'message_item("wrong")'},
+    "no_solution": {'return [message_item("right")]': "return None"},  # the base's default answer
     "startup_fails": {"# EXTRA": "async def startup(self):\n        raise RuntimeError('no database')"},
 }
 
@@ -249,3 +250,16 @@ def test_loaded_environment_knows_its_datasets_and_class() -> None:
     assert [d["name"] for d in loaded.datasets] == ["example"]
     path, problem = environments.example_dataset(loaded)
     assert problem == "" and path == ROOT / "resources_servers/example_single_tool_call/data/example.jsonl"
+
+
+# ------------------------------------------------------------------------------- example solution
+
+
+def test_without_an_example_solution_the_correct_rollout_checks_are_skipped(tmp_path: Path) -> None:
+    report = check_env(write_env(tmp_path, "no_solution"))
+    assert report.ok, report.summary()
+    skipped = report.result("verify: correct rollout")
+    assert skipped.status == SKIP and "override `@classmethod example_solution" in skipped.detail
+    assert report.result("verify: correct beats wrong").status == SKIP
+    deterministic = report.result("verify: deterministic").detail
+    assert deterministic == "row 0 (garbage answer) verified twice: identical results"
