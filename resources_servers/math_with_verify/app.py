@@ -19,11 +19,16 @@ from typing import Annotated, Any
 from pebble import ProcessExpired
 from pydantic import BeforeValidator, Field, StringConstraints
 
-from polygym import metrics
-from polygym.protocol import VerifyRequest, VerifyResponse, message_item
-from polygym.servers.base import HTTPError
-from polygym.servers.cpu_pool import CpuTimeout
-from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
+from polygym import (
+    CpuTimeout,
+    HTTPError,
+    ResourcesServer,
+    ResourcesServerConfig,
+    VerifyRequest,
+    VerifyResponse,
+    message_item,
+    metrics,
+)
 from resources_servers.math_with_verify.grading import answer_latex, grade
 
 

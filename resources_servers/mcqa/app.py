@@ -22,9 +22,14 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictStr, field_validator, model_validator
 
-from polygym import metrics
-from polygym.protocol import VerifyRequest, VerifyResponse, message_item
-from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
+from polygym import (
+    ResourcesServer,
+    ResourcesServerConfig,
+    VerifyRequest,
+    VerifyResponse,
+    message_item,
+    metrics,
+)
 
 Extraction = Literal["boxed", "answer_colon", "lenient"]
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

@@ -19,11 +19,16 @@ from typing import Any, Literal
 from pebble import ProcessExpired
 from pydantic import BaseModel, Field
 
-from polygym import metrics
-from polygym.protocol import VerifyRequest, VerifyResponse, message_item
-from polygym.servers.base import HTTPError
-from polygym.servers.cpu_pool import CpuTimeout
-from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
+from polygym import (
+    CpuTimeout,
+    HTTPError,
+    ResourcesServer,
+    ResourcesServerConfig,
+    VerifyRequest,
+    VerifyResponse,
+    message_item,
+    metrics,
+)
 from resources_servers.reasoning_gym.scoring import score
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)

@@ -41,17 +41,10 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from polygym import HTTPError, ModelServer, ServerConfig, function_call_item, message_item, new_response
 from polygym.dialects import chat as chat_convert
 from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
-from polygym.protocol import (
-    TRAINING_TOKEN_FIELDS,
-    function_call_item,
-    input_items,
-    message_item,
-    new_response,
-)
-from polygym.servers.base import HTTPError, ServerConfig
-from polygym.servers.model import ModelServer
+from polygym.protocol import TRAINING_TOKEN_FIELDS, input_items
 from responses_api_models.local_model.engine import Engine, EngineSettings, Generation, default_threads
 from responses_api_models.local_model.tool_calls import (
     ParsedCall,

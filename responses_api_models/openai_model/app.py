@@ -24,9 +24,8 @@ from typing import Any
 
 from starlette.responses import Response
 
-from polygym.net.client import ServerCallError
-from polygym.servers.base import HTTPError, error_response
-from polygym.servers.model import ModelServer, UpstreamConfig
+from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig
+from polygym.servers.base import error_response
 
 
 class Config(UpstreamConfig):

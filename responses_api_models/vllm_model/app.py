@@ -41,12 +41,11 @@ import orjson
 from pydantic import Field, field_validator
 from starlette.responses import Response
 
+from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig, new_response
 from polygym.dialects import chat as chat_convert
-from polygym.net.client import Reply, ServerCallError
+from polygym.net.client import Reply
 from polygym.net.retry import NO_RETRY
-from polygym.protocol import input_items, new_response
-from polygym.servers.base import HTTPError
-from polygym.servers.model import ModelServer, UpstreamConfig
+from polygym.protocol import input_items
 from responses_api_models.vllm_model.routing import UpstreamPool, content_key
 
 logger = logging.getLogger("polygym.vllm_model")
