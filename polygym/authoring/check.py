@@ -2,8 +2,8 @@
 
 In the spirit of Gymnasium's ``check_env``: start the environment alone and probe every part of the
 contract a rollout relies on, so an author learns about a broken tool or verifier before a training
-run does. ``check_env(name)`` returns an ``EnvReport`` of ``CheckResult``s (pass / fail / warn /
-skip); only a *fail* makes ``report.ok`` false.
+run does. ``check_env(name)`` (or a folder, or the server class itself) returns an ``EnvReport`` of
+``CheckResult``s (pass / fail / warn / skip); only a *fail* makes ``report.ok`` false.
 
 How the environment is started, and why:
 
@@ -51,6 +51,7 @@ from polygym.protocol import function_call_item, function_call_output_item, func
 from polygym.protocol import new_response as _new_response
 from polygym.servers.base import body_model
 from polygym.servers.episodic import EpisodicServer
+from polygym.servers.resources import ResourcesServer
 from polygym.stack.config import ConfigError
 from polygym.stack.environment import (
     LoadedEnv,
@@ -528,10 +529,28 @@ def _load_rows(loaded: LoadedEnv, max_rows: int) -> tuple[list[dict[str, Any]], 
     return rows, ((FAIL, "; ".join([*problems, detail])) if problems else (PASS, detail))
 
 
+def _env_folder(server_class: type[ResourcesServer]) -> Path:
+    """The environment folder a server class was loaded from: the folder of its module's file."""
+    try:
+        return Path(inspect.getfile(server_class)).resolve().parent
+    except TypeError:  # its module is not in sys.modules, or has no file
+        raise TypeError(
+            f"cannot find the folder of {server_class.__qualname__}: module {server_class.__module__!r} "
+            "is not an imported file; pass the environment's folder instead"
+        ) from None
+
+
 async def check_env_async(
-    env: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS
+    env: str | Path | type[ResourcesServer],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> EnvReport:
-    """Run every check on ``env`` (a name or a folder); see the module docstring."""
+    """Run every check on ``env``: a name, a folder, or a server class (checked as its folder,
+    with the folder's config and example data, as Gymnasium's ``check_env`` takes the
+    environment itself); see the module docstring."""
+    if inspect.isclass(env):
+        env = _env_folder(env)
     began = time.perf_counter()
     report = EnvReport(env=Path(env).name)
     try:
@@ -552,7 +571,10 @@ async def check_env_async(
 
 
 def check_env(
-    env: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS
+    env: str | Path | type[ResourcesServer],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> EnvReport:
     """Synchronous ``check_env_async`` (runs its own event loop)."""
     return asyncio.run(check_env_async(env, timeout_s=timeout_s, max_rows=max_rows))

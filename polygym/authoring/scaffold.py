@@ -381,7 +381,7 @@ def test_generator_reproduces_the_file_byte_for_byte(tmp_path):
 
 
 def test_gym_env_check_passes():
-    report = check_env(ENV_DIR)
+    report = check_env(app.__CLASS__)  # its folder, config and example data
     assert report.ok, report.summary()
 '''
 
