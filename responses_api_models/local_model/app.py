@@ -45,6 +45,7 @@ from polygym import HTTPError, ModelServer, ServerConfig, function_call_item, me
 from polygym.dialects import chat as chat_convert
 from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
 from polygym.protocol import TRAINING_TOKEN_FIELDS, input_items
+from polygym.weights import KNOWN_MODELS, WeightsError, ensure_weights
 from responses_api_models.local_model.engine import Engine, EngineSettings, Generation, default_threads
 from responses_api_models.local_model.tool_calls import (
     ParsedCall,
@@ -54,7 +55,6 @@ from responses_api_models.local_model.tool_calls import (
     parse_tool_calls,
     sanitize_schema,
 )
-from responses_api_models.local_model.weights import KNOWN_MODELS, WeightsError, ensure_weights
 
 logger = logging.getLogger("polygym.local_model")
 
