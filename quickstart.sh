@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One command from a fresh clone: create .venv, install polygym, run the two-environment flow on
-# the embedded local model (no API key, no GPU, no download), print per-environment metrics.
+# One command from a fresh clone: create .venv, install polygym with every extra (the embedded model,
+# the shipped environments' libraries, training, test tools), run the two-environment flow on the
+# embedded local model (no API key, no GPU, no download), print per-environment metrics.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON="${PYTHON:-python3}"
@@ -8,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[dev,train]'
+.venv/bin/python -m pip install --quiet -e '.[dev,all]'
 mkdir -p results
 # The mixed dataset: every example row of both environments, routed to its agent (what the
 # usual `jq -c '. + {"agent_ref": ...}'` recipe produces).

@@ -2,8 +2,8 @@
 
 In the spirit of Gymnasium's ``check_env``: start the environment alone and probe every part of the
 contract a rollout relies on, so an author learns about a broken tool or verifier before a training
-run does. ``check_env(name)`` returns an ``EnvReport`` of ``CheckResult``s (pass / fail / warn /
-skip); only a *fail* makes ``report.ok`` false.
+run does. ``check_env(name)`` (or a folder, or the server class itself) returns an ``EnvReport`` of
+``CheckResult``s (pass / fail / warn / skip); only a *fail* makes ``report.ok`` false.
 
 How the environment is started, and why:
 
@@ -16,12 +16,13 @@ How the environment is started, and why:
   call has a timeout, an endpoint that timed out once is not called again (so a hanging verify
   costs one timeout, not one per row), and start and stop are bounded too.
 
-A correct rollout comes from the server class's optional classmethod ``example_solution(row)``,
-which returns the output items of a rollout that deserves the top reward; its function calls are
-replayed against the tools in the rollout's session before verify, so stateful environments see
-what a real rollout would have done. Without it the correct-rollout checks are skipped (and say how
-to enable them); the wrong rollouts are always checked. Tool arguments, valid and wrong, come from
-each tool's JSON Schema (``polygym.authoring.json_schema``).
+A correct rollout comes from the server class's classmethod ``example_solution(row)`` (declared
+on ``ResourcesServer``, returning None unless overridden), the output items of a rollout that
+deserves the top reward; its function calls are replayed against the tools in the rollout's
+session before verify, so stateful environments see what a real rollout would have done. Without
+one the correct-rollout checks are skipped (and say how to enable them); the wrong rollouts are
+always checked. Tool arguments, valid and wrong, come from each tool's JSON Schema
+(``polygym.authoring.json_schema``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from polygym.protocol import function_call_item, function_call_output_item, func
 from polygym.protocol import new_response as _new_response
 from polygym.servers.base import body_model
 from polygym.servers.episodic import EpisodicServer
+from polygym.servers.resources import ResourcesServer
 from polygym.stack.config import ConfigError
 from polygym.stack.environment import Environment, describe_environment, load_environment, resolve_env_dir
 
@@ -392,31 +394,37 @@ class _Checker:
         )
 
     async def correct_rollouts(self) -> Outcome:
-        solve = getattr(self.environment.server_class, "example_solution", None)
-        if not callable(solve):
-            cls = self.environment.server_class.__name__
-            return SKIP, (
-                f"no example_solution: add `@classmethod example_solution(cls, row) -> list[output items]` "
-                f"to {cls} to check that a correct answer is rewarded"
-            )
-        problems, self.correct = [], []
+        """Verify each row's example solution; rows whose solution is None (not known) are skipped."""
+        problems, correct = [], []
         for index, row in enumerate(self.rows):
             output, problem = await self._solution(row)
-            reward, problem = (None, problem) if problem else await self.verify(row, output, replay=True)
-            self.correct.append(math.nan if reward is None or problem else reward)
+            reward = None
+            if output is not None:
+                reward, problem = await self.verify(row, output, replay=True)
+            correct.append(math.nan if reward is None or problem else reward)
             if problem:
                 problems.append(f"row {index}: {problem}")
-        return _outcome(problems, "rewards " + ", ".join(f"{r:g}" for r in self.correct))
+        if not problems and all(math.isnan(r) for r in correct):
+            cls = self.environment.server_class.__name__
+            return SKIP, (
+                f"no example_solution: override `@classmethod example_solution(cls, row) -> list[output "
+                f"items]` in {cls} to check that a correct answer is rewarded"
+            )
+        self.correct = correct
+        return _outcome(problems, "rewards " + ", ".join(f"{r:g}" for r in correct))
 
-    async def _solution(self, row: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    async def _solution(self, row: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
+        """The class's example solution for ``row`` (None when it knows none), or a problem."""
         try:
-            output = self.environment.server_class.example_solution(copy.deepcopy(row))  # type: ignore[attr-defined]
+            output: Any = self.environment.server_class.example_solution(copy.deepcopy(row))
             if inspect.isawaitable(output):
                 output = await output
         except Exception as exc:
-            return [], f"example_solution raised {type(exc).__name__}: {exc}"
+            return None, f"example_solution raised {type(exc).__name__}: {exc}"
+        if output is None:
+            return None, ""
         if not isinstance(output, list) or not all(isinstance(item, dict) for item in output):
-            return [], f"example_solution returned {type(output).__name__}, expected a list of output items"
+            return None, f"example_solution returned {type(output).__name__}, expected a list of output items"
         return output, ""
 
     def correct_beats_wrong(self) -> Outcome:
@@ -432,8 +440,8 @@ class _Checker:
     async def deterministic(self) -> Outcome:
         row, label = self.rows[0], "example solution"
         solved = self.correct and not math.isnan(self.correct[0])
-        output, problem = await self._solution(row) if solved else ([], "no solution")
-        if problem:
+        output, problem = await self._solution(row) if solved else (None, "no solution")
+        if problem or output is None:
             output, label = wrong_outputs(list(self.tools))["garbage answer"], "garbage answer"
         before = len(self.verified)
         replay = label == "example solution"
@@ -516,10 +524,28 @@ def _load_rows(environment: Environment, max_rows: int) -> tuple[list[dict[str, 
     return rows, ((FAIL, "; ".join([*problems, detail])) if problems else (PASS, detail))
 
 
+def _env_folder(server_class: type[ResourcesServer]) -> Path:
+    """The environment folder a server class was loaded from: the folder of its module's file."""
+    try:
+        return Path(inspect.getfile(server_class)).resolve().parent
+    except TypeError:  # its module is not in sys.modules, or has no file
+        raise TypeError(
+            f"cannot find the folder of {server_class.__qualname__}: module {server_class.__module__!r} "
+            "is not an imported file; pass the environment's folder instead"
+        ) from None
+
+
 async def check_env_async(
-    env: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS
+    env: str | Path | type[ResourcesServer],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> EnvReport:
-    """Run every check on ``env`` (a name or a folder); see the module docstring."""
+    """Run every check on ``env``: a name, a folder, or a server class (checked as its folder,
+    with the folder's config and example data, as Gymnasium's ``check_env`` takes the
+    environment itself); see the module docstring."""
+    if inspect.isclass(env):
+        env = _env_folder(env)
     began = time.perf_counter()
     report = EnvReport(env=Path(env).name)
     try:
@@ -541,7 +567,10 @@ async def check_env_async(
 
 
 def check_env(
-    env: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS
+    env: str | Path | type[ResourcesServer],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> EnvReport:
     """Synchronous ``check_env_async`` (runs its own event loop)."""
     return asyncio.run(check_env_async(env, timeout_s=timeout_s, max_rows=max_rows))

@@ -126,15 +126,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from polygym.protocol import (
+from polygym import (
+    ResourcesServer,
+    Session,
     VerifyRequest,
     VerifyResponse,
     function_call_item,
     function_call_output_item,
     message_item,
+    tool,
 )
-from polygym.servers.resources import ResourcesServer, tool
-from polygym.servers.sessions import Session
 
 LIMIT = 1_000_000
 INTEGER = re.compile(r"-?\\d+")
@@ -301,9 +302,7 @@ from pathlib import Path
 
 import pytest
 
-from polygym.authoring.check import check_env
-from polygym.protocol import function_call_item, message_item, new_response
-from polygym.servers.sessions import Session
+from polygym import Session, check_env, function_call_item, message_item, new_response
 from polygym.authoring.testing import assert_generator_reproduces, read_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]
@@ -382,7 +381,7 @@ def test_generator_reproduces_the_file_byte_for_byte(tmp_path):
 
 
 def test_gym_env_check_passes():
-    report = check_env(ENV_DIR)
+    report = check_env(app.__CLASS__)  # its folder, config and example data
     assert report.ok, report.summary()
 '''
 

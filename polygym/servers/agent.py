@@ -15,7 +15,7 @@ calls carry the session cookie, so model servers can route a rollout's calls sti
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -63,12 +63,13 @@ def create_params(row: Any) -> dict[str, Any]:
     return params
 
 
-class Agent(BaseServer):
+AgentConfigT = TypeVar("AgentConfigT", bound=AgentConfig)
+
+
+class Agent(BaseServer[AgentConfigT]):
     """An agent harness; subclasses implement ``play`` (or ``run`` and ``responses`` wholesale)."""
 
     kind: ClassVar[str] = AGENT_KIND
-    Config: ClassVar[type[ServerConfig]] = AgentConfig
-    config: AgentConfig
 
     async def run(self, row: dict[str, Any]) -> dict[str, Any]:
         """Play one rollout of ``row`` and return it verified (row + response + reward)."""

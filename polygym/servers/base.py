@@ -16,7 +16,7 @@ import os
 import typing
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -137,11 +137,28 @@ def body_model(method: Callable[..., Any], param: str = "body") -> type[BaseMode
     return None
 
 
-class BaseServer:
-    """A named server instance built from its config block; ``app`` is what launchers serve."""
+ConfigT = TypeVar("ConfigT", bound=ServerConfig)
+
+
+class BaseServer(Generic[ConfigT]):
+    """A named server instance built from its config block; ``app`` is what launchers serve.
+
+    The config class is the type parameter: ``class Math(ResourcesServer[MathConfig])`` both types
+    ``self.config`` for a type checker and tells the base (and the loader, through ``config_class``)
+    which model validates the config block, so a subclass states it once. A subclass without a
+    parameter keeps its parent's config class; a base parameterized by a TypeVar gets the TypeVar's
+    bound (``ResourcesServer`` validates with ``ResourcesServerConfig``).
+    """
 
     kind: ClassVar[str] = ""
-    Config: ClassVar[type[ServerConfig]] = ServerConfig
+    config_class: ClassVar[type[ServerConfig]] = ServerConfig
+    config: ConfigT
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        found = _config_parameter(cls)
+        if found is not None:
+            cls.config_class = found
 
     def __init__(
         self,
@@ -150,7 +167,11 @@ class BaseServer:
         client: ServerClient | None = None,
     ):
         self.name = name
-        self.config = config if isinstance(config, ServerConfig) else self.Config.model_validate(config or {})
+        self.config = (
+            config  # type: ignore[assignment]
+            if isinstance(config, ServerConfig)
+            else self.config_class.model_validate(config or {})
+        )
         self.client = client or ServerClient()
         self._app: Starlette | None = None
         self._direct: dict[tuple[str, str], JsonEndpoint] = {}
@@ -208,3 +229,24 @@ class BaseServer:
             yield
         finally:
             await self.shutdown()
+
+
+def _config_parameter(cls: type) -> type[ServerConfig] | None:
+    """The config class named by ``cls``'s own parameterized BaseServer base, if it has one.
+
+    Only the bases written on ``cls`` itself count (``__orig_bases__`` in its ``__dict__``; the
+    inherited attribute would repeat the parent's). A TypeVar stands for its bound.
+    """
+    for base in cls.__dict__.get("__orig_bases__", ()):
+        origin = typing.get_origin(base)
+        if not (inspect.isclass(origin) and issubclass(origin, BaseServer)):
+            continue
+        (argument,) = typing.get_args(base)
+        if isinstance(argument, TypeVar):
+            argument = argument.__bound__
+        if not (inspect.isclass(argument) and issubclass(argument, ServerConfig)):
+            raise TypeError(
+                f"{cls.__name__}: the parameter of {origin.__name__} must be a ServerConfig subclass"
+            )
+        return argument
+    return None

@@ -27,8 +27,8 @@ blank, else no action. A turn with no action is not stepped: the agent answers i
 
 Subclass notes: keep per-episode state in ``session.state`` (the base owns the ``_episode`` key),
 raise ``KeyError``/``ValueError`` (or a pydantic ValidationError) from ``reset`` for a bad row —
-it becomes a 422 —, call ``super().seed_session`` if you override it, and give the class an
-``example_solution(row)`` classmethod returning a winning rollout's output items so conformance
+it becomes a 422 —, call ``super().seed_session`` if you override it, and override the
+``example_solution(row)`` classmethod to return a winning rollout's output items so conformance
 checks can verify a correct episode through replay.
 """
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, Field, ValidationError
@@ -158,11 +158,11 @@ class EpisodicVerifyResponse(VerifyResponse):
     reward_source: str  # "session": the live episode; "replay": replayed from response.output
 
 
-class EpisodicServer(ResourcesServer):
-    """A reset/step environment: subclasses implement ``reset`` and ``step``."""
+EpisodicConfigT = TypeVar("EpisodicConfigT", bound=EpisodicConfig)
 
-    Config = EpisodicConfig
-    config: EpisodicConfig
+
+class EpisodicServer(ResourcesServer[EpisodicConfigT]):
+    """A reset/step environment: subclasses implement ``reset`` and ``step``."""
 
     # -- to override -------------------------------------------------------------------------
     async def reset(self, row: dict[str, Any], session: Session) -> Any:

@@ -7,7 +7,7 @@ long conversation at every hop would cost more than the rest of the hop.
 from __future__ import annotations
 
 import contextvars
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import Field
 from starlette.requests import Request
@@ -48,7 +48,10 @@ class UpstreamConfig(ServerConfig):
         return ServerClient(pool_size=self.pool_size, timeout_s=self.timeout_s)
 
 
-class ModelServer(BaseServer):
+ModelConfigT = TypeVar("ModelConfigT", bound=ServerConfig)
+
+
+class ModelServer(BaseServer[ModelConfigT]):
     """Subclasses implement ``responses`` and ``chat_completions`` (dict in, dict or Response out)."""
 
     kind: ClassVar[str] = MODEL_KIND

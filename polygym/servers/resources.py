@@ -23,7 +23,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -31,6 +31,7 @@ from starlette.routing import Route
 from polygym import metrics
 from polygym.protocol import RESOURCES_KIND, AggregateMetricsRequest, SeedSessionRequest, VerifyRequest
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, body_model, json_endpoint, json_response
+from polygym.servers.cpu_pool import CpuPool
 from polygym.servers.sessions import SESSION_COOKIE, Session, SessionStore
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,6 +47,12 @@ class ResourcesServerConfig(ServerConfig):
     domain: str = "other"
     session_idle_timeout_s: float = 900.0
     reward_range: tuple[float, float] = (0.0, 1.0)
+    cpu_workers: int | None = Field(
+        default=0,
+        ge=0,
+        description="Worker processes of the server's cpu_pool, for CPU-heavy verification; "
+        "0: no pool, null: min(4, CPU count).",
+    )
 
 
 class ToolSpec:
@@ -84,17 +91,38 @@ def _strip_titles(schema: Any) -> Any:
     return schema
 
 
-class ResourcesServer(BaseServer):
-    """An environment: subclasses add ``@tool`` methods and implement ``verify``."""
+ResourcesConfigT = TypeVar("ResourcesConfigT", bound=ResourcesServerConfig)
+
+
+class ResourcesServer(BaseServer[ResourcesConfigT]):
+    """An environment: subclasses add ``@tool`` methods and implement ``verify``.
+
+    An environment with settings of its own names their model: ``ResourcesServer[MyConfig]``.
+    """
 
     kind: ClassVar[str] = RESOURCES_KIND
-    Config: ClassVar[type[ServerConfig]] = ResourcesServerConfig
-    config: ResourcesServerConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sessions = SessionStore(idle_timeout_s=self.config.session_idle_timeout_s)
         self._verify_wants_session = "session" in inspect.signature(self.verify).parameters
+        self._cpu_pool: CpuPool | None = None
+
+    @property
+    def cpu_pool(self) -> CpuPool:
+        """Worker processes for CPU-heavy verification, sized by the ``cpu_workers`` setting.
+
+        The base opens the pool at startup and closes it at shutdown, so an environment only calls
+        ``await self.cpu_pool.run(fn, ..., timeout_s=...)`` and never leaks workers.
+        """
+        if self._cpu_pool is None:
+            reason = (
+                "cpu_workers is 0 in its config"
+                if self.config.cpu_workers == 0
+                else "the pool opens at startup (serve the app, or enter its lifespan, first)"
+            )
+            raise RuntimeError(f"{self.name}: no cpu_pool: {reason}")
+        return self._cpu_pool
 
     # -- to override -------------------------------------------------------------------------
     async def seed_session(self, body: SeedSessionRequest, session: Session) -> dict[str, Any] | None:
@@ -108,6 +136,16 @@ class ResourcesServer(BaseServer):
     def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
         """Metrics over this environment's rollouts; override to add domain metrics."""
         return metrics.aggregate(rollouts)
+
+    @classmethod
+    def example_solution(cls, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The output items of a rollout of ``row`` that deserves the top reward; None: not known.
+
+        Conformance checks (``gym env check``, ``check_env``) replay its tool calls in a session and
+        verify it, to show that a correct answer is rewarded and beats wrong ones; without one
+        (the default) those checks are skipped. May be async.
+        """
+        return None
 
     # -- machinery ---------------------------------------------------------------------------
     @classmethod
@@ -148,9 +186,14 @@ class ResourcesServer(BaseServer):
         return routes
 
     async def startup(self) -> None:
+        if self.config.cpu_workers != 0:
+            self._cpu_pool = CpuPool(workers=self.config.cpu_workers)
         self.sessions.start_sweeper()
 
     async def shutdown(self) -> None:
+        if self._cpu_pool is not None:
+            self._cpu_pool.close()
+            self._cpu_pool = None
         await self.sessions.stop_sweeper()
 
     async def health(self) -> dict[str, Any]:

@@ -285,7 +285,7 @@ def all_environments() -> dict[str, Environment]:
 
 
 def _reward_range(spec: ServerSpec, cls: type) -> tuple[float, float]:
-    config_cls = getattr(cls, "Config", None)
+    config_cls = getattr(cls, "config_class", None)
     try:
         config = config_cls.model_validate(spec.config) if config_cls is not None else None
     except ValueError as exc:

@@ -20,6 +20,7 @@ from polygym.net.client import ServerClient
 from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.servers.agent import Agent
 from polygym.servers.base import BaseServer
+from polygym.servers.extras import MissingExtraError
 from polygym.servers.model import ModelServer
 from polygym.servers.resources import ResourcesServer
 from polygym.stack.config import ConfigError, ServerSpec
@@ -76,9 +77,11 @@ def server_class(spec: ServerSpec) -> type[BaseServer]:
 
 
 def build_server(spec: ServerSpec, client: ServerClient) -> BaseServer:
-    """Instantiate the server for ``spec``; config problems surface as ConfigError."""
+    """Instantiate the server for ``spec``; config problems and missing extras surface as ConfigError."""
     cls = server_class(spec)
     try:
         return cls(spec.name, spec.config, client)
     except ValueError as exc:  # pydantic ValidationError is a ValueError
         raise ConfigError([f"{spec.name} ({spec.source}): {exc}"]) from exc
+    except MissingExtraError as exc:  # says which extra to install
+        raise ConfigError([str(exc)]) from exc

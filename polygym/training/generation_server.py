@@ -355,11 +355,8 @@ class GenerationServerConfig(ServerConfig):
     model: str = "policy"
 
 
-class GenerationServer(ModelServer):
+class GenerationServer(ModelServer[GenerationServerConfig]):
     """``/v1/chat/completions`` (and ``/v1/models``) answered by an ``HFGenerator``."""
-
-    Config = GenerationServerConfig
-    config: GenerationServerConfig
 
     def __init__(self, name: str, generator: HFGenerator, config: dict[str, Any] | None = None) -> None:
         super().__init__(name, config)

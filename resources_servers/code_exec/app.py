@@ -17,8 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from polygym.protocol import VerifyRequest, VerifyResponse, message_item
-from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
+from polygym import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse, message_item
 from resources_servers.code_exec.sandbox import RunResult, Sandbox, SandboxConfig
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -95,10 +94,7 @@ class CodeExecVerifyResponse(CodeExecVerifyRequest, VerifyResponse):
     error: str | None
 
 
-class CodeExec(ResourcesServer):
-    Config = CodeExecConfig
-    config: CodeExecConfig
-
+class CodeExec(ResourcesServer[CodeExecConfig]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.sandbox = Sandbox(self.config.sandbox)

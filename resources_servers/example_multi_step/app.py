@@ -11,9 +11,7 @@ import hashlib
 
 from pydantic import BaseModel, Field, StrictInt
 
-from polygym.protocol import VerifyRequest, VerifyResponse
-from polygym.servers.resources import ResourcesServer, tool
-from polygym.servers.sessions import Session
+from polygym import ResourcesServer, Session, VerifyRequest, VerifyResponse, tool
 
 
 def synonym_value(word: str) -> int:

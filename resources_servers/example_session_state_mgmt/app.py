@@ -19,17 +19,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from polygym.protocol import (
+from polygym import (
+    HTTPError,
+    ResourcesServer,
     SeedSessionRequest,
+    Session,
     VerifyRequest,
     VerifyResponse,
     function_call_item,
     function_call_output_item,
     message_item,
+    tool,
 )
-from polygym.servers.base import HTTPError
-from polygym.servers.resources import ResourcesServer, tool
-from polygym.servers.sessions import Session
 
 MAX_AMOUNT = 1_000_000
 MAX_INITIAL = 1_000_000_000

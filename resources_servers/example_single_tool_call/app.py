@@ -11,9 +11,7 @@ import hashlib
 
 from pydantic import BaseModel, Field
 
-from polygym.protocol import VerifyRequest, VerifyResponse, item_text
-from polygym.servers.resources import ResourcesServer, tool
-from polygym.servers.sessions import Session
+from polygym import ResourcesServer, Session, VerifyRequest, VerifyResponse, item_text, tool
 
 # (condition, lowest, highest Celsius): the temperature stays plausible for the condition.
 CONDITIONS = (("sunny", 18, 34), ("cloudy", 8, 22), ("light rain", 6, 20), ("snow", -12, 1), ("fog", 2, 14))

@@ -17,9 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
-from polygym.protocol import function_call_item, function_call_output_item
-from polygym.servers.episodic import EpisodicServer, StepResult
-from polygym.servers.sessions import Session
+from polygym import EpisodicServer, Session, StepResult, function_call_item, function_call_output_item
 
 TAG = re.compile(r"<guess>\s*(-?\d+)\s*</guess>", re.IGNORECASE)
 NUMBER = re.compile(r"-?\d+")

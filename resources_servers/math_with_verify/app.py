@@ -6,8 +6,8 @@ then anchored forms such as ``Answer: 3/4`` or ``the final answer is 3/4``, and 
 ``expected_answer`` symbolically, so ``0.75``, ``3/4`` and ``\\frac{6}{8}`` all match ``3/4``.
 
 Parsing and comparing with sympy can take long on adversarial text, so it runs in a worker process
-with a hard time limit (``polygym.servers.cpu_pool.CpuPool``) and never on the event loop; an overrun or a
-crashed worker gives reward 0 with ``grading_error`` set, never a 500 or a hang.
+with a hard time limit (the server's ``cpu_pool``, ``cpu_workers`` processes) and never on the event
+loop; an overrun or a crashed worker gives reward 0 with ``grading_error`` set, never a 500 or a hang.
 """
 
 from __future__ import annotations
@@ -19,17 +19,25 @@ from typing import Annotated, Any
 from pebble import ProcessExpired
 from pydantic import BeforeValidator, Field, StringConstraints
 
-from polygym import metrics
-from polygym.protocol import VerifyRequest, VerifyResponse, message_item
-from polygym.servers.base import HTTPError
-from polygym.servers.cpu_pool import CpuPool, CpuTimeout
-from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
+from polygym import (
+    CpuTimeout,
+    HTTPError,
+    ResourcesServer,
+    ResourcesServerConfig,
+    VerifyRequest,
+    VerifyResponse,
+    message_item,
+    metrics,
+)
+from polygym.servers.extras import require_extra
 from resources_servers.math_with_verify.grading import answer_latex, grade
 
 
 class MathWithVerifyConfig(ResourcesServerConfig):
     verify_timeout_s: float = Field(default=10.0, gt=0, description="Hard limit for one verification.")
-    verify_workers: int | None = Field(default=None, ge=1, description="Worker processes (default: 1-4).")
+    cpu_workers: int | None = Field(
+        default=None, ge=1, description="Grading worker processes (null: min(4, CPU count))."
+    )
     max_answer_chars: int = Field(
         default=50_000, ge=100, description="Only the last this-many characters of the answer are parsed."
     )
@@ -69,17 +77,10 @@ class MathVerifyResponse(MathVerifyRequest, VerifyResponse):
     grading_error: str | None
 
 
-class MathWithVerify(ResourcesServer):
-    Config = MathWithVerifyConfig
-    config: MathWithVerifyConfig
-
+class MathWithVerify(ResourcesServer[MathWithVerifyConfig]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.pool = CpuPool(workers=self.config.verify_workers)
-
-    async def shutdown(self) -> None:
-        self.pool.close()
-        await super().shutdown()
+        require_extra(self.name, "envs", "math_verify", "sympy")  # imported by the workers only
 
     async def verify(self, body: MathVerifyRequest) -> MathVerifyResponse:
         """Reward 1 iff the extracted final answer equals ``expected_answer`` symbolically, else 0."""
@@ -90,7 +91,7 @@ class MathWithVerify(ResourcesServer):
         step_timeout_s = max(1, int(self.config.verify_timeout_s / 4))
         error = None
         try:
-            graded = await self.pool.run(
+            graded = await self.cpu_pool.run(
                 grade,
                 text,
                 body.expected_answer,

@@ -22,9 +22,14 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictStr, field_validator, model_validator
 
-from polygym import metrics
-from polygym.protocol import VerifyRequest, VerifyResponse, message_item
-from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
+from polygym import (
+    ResourcesServer,
+    ResourcesServerConfig,
+    VerifyRequest,
+    VerifyResponse,
+    message_item,
+    metrics,
+)
 
 Extraction = Literal["boxed", "answer_colon", "lenient"]
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -155,10 +160,7 @@ def extract_letter(text: str, labels: str, mode: Extraction) -> tuple[str | None
     return None, None
 
 
-class Mcqa(ResourcesServer):
-    Config = McqaConfig
-    config: McqaConfig
-
+class Mcqa(ResourcesServer[McqaConfig]):
     async def verify(self, body: McqaVerifyRequest) -> McqaVerifyResponse:
         """Reward 1 iff the extracted option letter is ``expected_answer``, else 0."""
         labels = "".join(normalize_options(body.options))

@@ -19,11 +19,17 @@ from typing import Any, Literal
 from pebble import ProcessExpired
 from pydantic import BaseModel, Field
 
-from polygym import metrics
-from polygym.protocol import VerifyRequest, VerifyResponse, message_item
-from polygym.servers.base import HTTPError
-from polygym.servers.cpu_pool import CpuPool, CpuTimeout
-from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
+from polygym import (
+    CpuTimeout,
+    HTTPError,
+    ResourcesServer,
+    ResourcesServerConfig,
+    VerifyRequest,
+    VerifyResponse,
+    message_item,
+    metrics,
+)
+from polygym.servers.extras import require_extra
 from resources_servers.reasoning_gym.scoring import score
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -58,7 +64,7 @@ class ReasoningGymConfig(ResourcesServerConfig):
     answer_format: AnswerFormat = "tag"
     max_answer_chars: int = Field(10_000, ge=1, description="longer extracted answers score 0 unscored")
     score_timeout_s: float = Field(20.0, gt=0, description="per answer, including the worker's first import")
-    score_workers: int = Field(2, ge=1)
+    cpu_workers: int | None = Field(2, ge=1, description="scoring worker processes (null: min(4, CPUs))")
 
 
 class ReasoningGymVerifyRequest(VerifyRequest):
@@ -73,17 +79,10 @@ class ReasoningGymVerifyResponse(ReasoningGymVerifyRequest, VerifyResponse):
     score_error: str | None
 
 
-class ReasoningGym(ResourcesServer):
-    Config = ReasoningGymConfig
-    config: ReasoningGymConfig
-
+class ReasoningGym(ResourcesServer[ReasoningGymConfig]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.pool = CpuPool(workers=self.config.score_workers)
-
-    async def shutdown(self) -> None:
-        self.pool.close()
-        await super().shutdown()
+        require_extra(self.name, "envs", "reasoning_gym")  # imported by the workers only
 
     @classmethod
     def example_solution(cls, row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -103,7 +102,7 @@ class ReasoningGym(ResourcesServer):
         config_json = json.dumps(body.task_config, sort_keys=True)
         entry = body.entry.model_dump()
         try:
-            status, value = await self.pool.run(
+            status, value = await self.cpu_pool.run(
                 score, body.task, config_json, entry, answer, timeout_s=self.config.score_timeout_s
             )
         except CpuTimeout as exc:

@@ -30,11 +30,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import Field
 
-from polygym.net.client import ServerCallError
+from polygym import Agent, AgentConfig, HTTPError, ServerCallError, function_call_output_item, new_response
 from polygym.net.retry import RetryPolicy
-from polygym.protocol import function_call_output_item, input_items, new_response, sum_usage
-from polygym.servers.agent import Agent, AgentConfig
-from polygym.servers.base import HTTPError
+from polygym.protocol import input_items, sum_usage
 from polygym.servers.episodic import (
     ACTION_TOOL,
     MAX_ACTION_CHARS,
@@ -61,10 +59,7 @@ def user_message(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
 
-class GymnasiumAgent(Agent):
-    Config = GymnasiumAgentConfig
-    config: GymnasiumAgentConfig
-
+class GymnasiumAgent(Agent[GymnasiumAgentConfig]):
     async def responses(self, body: dict[str, Any]) -> dict[str, Any]:
         """Play one episode; ``body`` is a dataset row or bare create params (for environments that
         need nothing else to reset)."""

@@ -14,10 +14,9 @@ from typing import Any
 
 import orjson
 
-from polygym.net.client import ServerCallError
+from polygym import Agent, AgentConfig, ServerCallError, function_call_output_item, new_response
 from polygym.net.retry import RetryPolicy
-from polygym.protocol import function_call_output_item, input_items, new_response, sum_usage
-from polygym.servers.agent import Agent, AgentConfig
+from polygym.protocol import input_items, sum_usage
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # A tool call may change state, so only retry when the request provably never arrived.
@@ -30,10 +29,7 @@ class SimpleAgentConfig(AgentConfig):
     """One tool call, and seed_session."""
 
 
-class SimpleAgent(Agent):
-    Config = SimpleAgentConfig
-    config: SimpleAgentConfig
-
+class SimpleAgent(Agent[SimpleAgentConfig]):
     async def seed_session(self, row: dict[str, Any]) -> dict[str, str]:
         reply = await self.client.call(
             self.config.resources_server.name, "/seed_session", row, timeout_s=self.config.tool_timeout_s

@@ -41,17 +41,12 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from polygym import HTTPError, ModelServer, ServerConfig, function_call_item, message_item, new_response
 from polygym.dialects import chat as chat_convert
 from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
-from polygym.protocol import (
-    TRAINING_TOKEN_FIELDS,
-    function_call_item,
-    input_items,
-    message_item,
-    new_response,
-)
-from polygym.servers.base import HTTPError, ServerConfig
-from polygym.servers.model import ModelServer
+from polygym.protocol import TRAINING_TOKEN_FIELDS, input_items
+from polygym.servers.extras import require_extra
+from polygym.weights import KNOWN_MODELS, WeightsError, ensure_weights
 from responses_api_models.local_model.engine import Engine, EngineSettings, Generation, default_threads
 from responses_api_models.local_model.tool_calls import (
     ParsedCall,
@@ -61,7 +56,6 @@ from responses_api_models.local_model.tool_calls import (
     parse_tool_calls,
     sanitize_schema,
 )
-from responses_api_models.local_model.weights import KNOWN_MODELS, WeightsError, ensure_weights
 
 logger = logging.getLogger("polygym.local_model")
 
@@ -253,14 +247,12 @@ class Turn:
 # ------------------------------------------------------------------------------------- server
 
 
-class LocalModel(ModelServer):
+class LocalModel(ModelServer[Config]):
     """Serves an in-process llama.cpp model on ``/v1/responses`` and ``/v1/chat/completions``."""
-
-    Config = Config
-    config: Config
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        require_extra(self.name, "local", "xllamacpp")  # imported when the model loads, at startup
         self.engine: Engine | None = None
         self.model_path: Path | None = None
         self.startup_seconds: dict[str, float] = {}

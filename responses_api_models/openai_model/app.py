@@ -24,9 +24,8 @@ from typing import Any
 
 from starlette.responses import Response
 
-from polygym.net.client import ServerCallError
-from polygym.servers.base import HTTPError, error_response
-from polygym.servers.model import ModelServer, UpstreamConfig
+from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig
+from polygym.servers.base import error_response
 
 
 class Config(UpstreamConfig):
@@ -35,11 +34,8 @@ class Config(UpstreamConfig):
     openai_model: str
 
 
-class OpenAIModel(ModelServer):
+class OpenAIModel(ModelServer[Config]):
     """A proxy to an OpenAI-compatible endpoint."""
-
-    Config = Config
-    config: Config
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

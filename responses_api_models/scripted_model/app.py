@@ -28,12 +28,20 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
+from polygym import (
+    HTTPError,
+    ModelServer,
+    ServerConfig,
+    function_call_item,
+    item_text,
+    message_item,
+    new_response,
+)
 from polygym.authoring.json_schema import example_arguments
 from polygym.dialects import chat as chat_convert
 from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
-from polygym.protocol import function_call_item, input_items, item_text, message_item, new_response
-from polygym.servers.base import HTTPError, ServerConfig, validation_message
-from polygym.servers.model import ModelServer
+from polygym.protocol import input_items
+from polygym.servers.base import validation_message
 
 DONE = "done"
 """The answer once a script or the generic fallback has nothing left to call."""
@@ -443,11 +451,8 @@ def fake_token_ids(items: list[dict[str, Any]], instructions: Any = None) -> lis
 # ------------------------------------------------------------------------------------------ server
 
 
-class ScriptedModel(ModelServer):
+class ScriptedModel(ModelServer[Config]):
     """Serves the scripted policy on ``/v1/responses`` and ``/v1/chat/completions``."""
-
-    Config = Config
-    config: Config
 
     async def responses(self, body: dict[str, Any]) -> dict[str, Any]:
         return await self.respond(body)

@@ -41,12 +41,11 @@ import orjson
 from pydantic import Field, field_validator
 from starlette.responses import Response
 
+from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig, new_response
 from polygym.dialects import chat as chat_convert
-from polygym.net.client import Reply, ServerCallError
+from polygym.net.client import Reply
 from polygym.net.retry import NO_RETRY
-from polygym.protocol import input_items, new_response
-from polygym.servers.base import HTTPError
-from polygym.servers.model import ModelServer, UpstreamConfig
+from polygym.protocol import input_items
 from responses_api_models.vllm_model.routing import UpstreamPool, content_key
 
 logger = logging.getLogger("polygym.vllm_model")
@@ -226,11 +225,8 @@ def _opening(items: list[dict[str, Any]], limit: int = 4) -> list[dict[str, Any]
     return opening
 
 
-class VLLMModel(ModelServer):
+class VLLMModel(ModelServer[Config]):
     """Responses in front of one or more Chat Completions upstreams."""
-
-    Config = Config
-    config: Config
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

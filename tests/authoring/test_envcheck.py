@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -82,6 +83,7 @@ BREAKAGES = {
     "hangs": {"# VERIFY": "await asyncio.sleep(3600)"},
     "random": {"# VERIFY": "reward = random.random()"},
     "bad_solution": {'message_item("right")': 'message_item("wrong")'},
+    "no_solution": {'return [message_item("right")]': "return None"},  # the base's default answer
     "startup_fails": {"# EXTRA": "async def startup(self):\n        raise RuntimeError('no database')"},
 }
 
@@ -235,3 +237,48 @@ def test_cli_json_and_exit_codes(tmp_path: Path) -> None:
     typo = subprocess.run(gym_command("env", "check", "exmple_multi_step"), capture_output=True, text=True)
     assert typo.returncode == 2
     assert "Did you mean 'example_multi_step'?" in typo.stderr
+
+
+# ------------------------------------------------------------------------------- example solution
+
+
+def test_without_an_example_solution_the_correct_rollout_checks_are_skipped(tmp_path: Path) -> None:
+    report = check_env(write_env(tmp_path, "no_solution"))
+    assert report.ok, report.summary()
+    skipped = report.result("verify: correct rollout")
+    assert skipped.status == SKIP and "override `@classmethod example_solution" in skipped.detail
+    assert report.result("verify: correct beats wrong").status == SKIP
+    deterministic = report.result("verify: deterministic").detail
+    assert deterministic == "row 0 (garbage answer) verified twice: identical results"
+
+
+# ------------------------------------------------------------------------------------ class input
+
+
+def test_check_env_takes_a_shipped_server_class() -> None:
+    from resources_servers.example_single_tool_call.app import ExampleSingleToolCall
+
+    report = check_env(ExampleSingleToolCall, max_rows=1)
+    assert report.ok, report.summary()
+    assert report.env == "example_single_tool_call"
+    assert report.directory == str(ROOT / "resources_servers" / "example_single_tool_call")
+
+
+def test_check_env_takes_a_class_loaded_from_a_users_folder(tmp_path: Path) -> None:
+    """A class imported by path (as a scaffolded test does) is checked as its folder."""
+    import importlib.util
+
+    env_dir = write_env(tmp_path, "bad_solution")
+    spec = importlib.util.spec_from_file_location(f"{env_dir.name}_under_test", env_dir / "app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(TypeError, match="cannot find the folder of Probe"):
+        check_env(module.Probe)  # not in sys.modules: no file to go by
+    sys.modules[spec.name] = module
+    try:
+        report = check_env(module.Probe)
+    finally:
+        del sys.modules[spec.name]
+    assert report.directory == str(env_dir.resolve())
+    assert report.result("verify: correct beats wrong").status == FAIL

@@ -27,7 +27,7 @@ NEGATIVE_ROW = next(r for r in ROWS if r["expected_answer"] == "-35/6")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def env():
-    async with serve_in_process(MathWithVerify("math_with_verify", {"verify_workers": 1})) as client:
+    async with serve_in_process(MathWithVerify("math_with_verify", {"cpu_workers": 1})) as client:
         yield client
 
 
@@ -164,7 +164,7 @@ async def test_verify_is_deterministic(env):
 
 async def test_a_verification_past_its_time_limit_is_stopped_and_the_next_one_works():
     """sympy evaluating 9^(9^(9^9)) never yields to math-verify's own alarms: only the kill stops it."""
-    server = MathWithVerify("math_with_verify", {"verify_workers": 1, "verify_timeout_s": 4})
+    server = MathWithVerify("math_with_verify", {"cpu_workers": 1, "verify_timeout_s": 4})
     async with serve_in_process(server) as client:
         await verify(client, ROWS[0], "\\boxed{57}")  # warm the worker up (imports sympy)
         started = time.monotonic()

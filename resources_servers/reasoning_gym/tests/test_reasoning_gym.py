@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from polygym.authoring.testing import (
     assert_generator_reproduces,
@@ -25,12 +26,16 @@ ROWS = read_splits(DATA)
 GENERATED_WITH = "0.1.25"  # the reasoning-gym version the shipped files were generated with
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ReasoningGym]:
-    """One server (and worker pool) for the module: workers import reasoning-gym once (~1 s)."""
-    env = ReasoningGym("reasoning_gym", {"score_workers": 1})
-    yield env
-    env.pool.close()
+# Tests that use the module's served server run in the module's event loop (its pool's loop).
+module_loop = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server() -> AsyncIterator[ReasoningGym]:
+    """One served server (so one worker pool) for the module: workers import reasoning-gym once (~1 s)."""
+    env = ReasoningGym("reasoning_gym", {"cpu_workers": 1})
+    async with env.app.router.lifespan_context(env.app):
+        yield env
 
 
 @pytest.fixture
@@ -45,6 +50,7 @@ def one_row_per_task() -> list[dict]:
     return list(seen.values())
 
 
+@module_loop
 @pytest.mark.parametrize("row", one_row_per_task(), ids=lambda r: r["task"])
 async def test_reference_answer_scores_one_and_a_wrong_one_less(env, row):
     good = await verify(env, row, new_response(ReasoningGym.example_solution(row), model="x"))
@@ -56,6 +62,7 @@ async def test_reference_answer_scores_one_and_a_wrong_one_less(env, row):
     assert bad["reward"] < 1.0 and bad["score_status"] == "ok"
 
 
+@module_loop
 async def test_the_package_scorer_decides_including_partial_credit(env):
     row = next(r for r in ROWS["train"] if r["task"] == "basic_arithmetic")
     expected = row["entry"]["answer"]
@@ -64,6 +71,7 @@ async def test_the_package_scorer_decides_including_partial_credit(env):
     assert result["reward"] == pytest.approx(len(expected) / len(f"The answer is {expected}"))
 
 
+@module_loop
 async def test_scorer_exceptions_are_reward_zero(env):
     row = {
         "responses_create_params": {"input": "factor 12"},
@@ -76,6 +84,7 @@ async def test_scorer_exceptions_are_reward_zero(env):
     assert result["score_status"] == "score_error" and "ValueError" in result["score_error"]
 
 
+@module_loop
 @pytest.mark.parametrize(
     ("response", "status"),
     [
@@ -93,6 +102,7 @@ async def test_garbage_scores_zero(env, response, status):
     assert result["score_status"] == status
 
 
+@module_loop
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -113,6 +123,7 @@ async def test_malformed_rows_are_422(env, change, field):
     assert field in err.value.detail
 
 
+@module_loop
 async def test_answer_formats(server):
     row = ROWS["example"][0]
     expected = row["entry"]["answer"]
@@ -129,6 +140,7 @@ async def test_answer_formats(server):
             server.config.answer_format = "tag"
 
 
+@module_loop
 async def test_verify_is_deterministic(env):
     row = ROWS["example"][1]
     body = {**row, "response": synthetic_response("<answer>3</answer>")}
@@ -136,6 +148,7 @@ async def test_verify_is_deterministic(env):
     assert first == second
 
 
+@module_loop
 async def test_aggregate_metrics_break_reward_down_by_task(env):
     rollouts = [
         {"task": "gcd", "reward": 1.0, "_ng_task_index": 0},

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from responses_api_models.local_model import weights
-from responses_api_models.local_model.weights import (
+from polygym import weights
+from polygym.weights import (
     KNOWN_MODELS,
     WeightsError,
     chunked_spec,

