@@ -13,7 +13,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from polygym.collect.row import INDEX_FIELDS, PASS_THRESHOLD, TASK_INDEX, reward, usage
+from polygym.row import INDEX_FIELDS, PASS_THRESHOLD, TASK_INDEX, reward, usage
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -1,32 +1,27 @@
-"""The core never imports a server folder: implementations depend on polygym, not the reverse.
+"""The strata of polygym/ hold: the import contracts of pyproject.toml, checked by import-linter.
 
-(The loader imports implementations by path at run time; that is configuration, not a dependency.)
+The contracts say each subpackage imports only the layers below it (``servers`` never imports
+``stack``, ``collect`` never imports ``blend``...) and that the library never imports a server
+folder: implementations depend on polygym, not the reverse (the loader imports them by path at run
+time; that is configuration, not a dependency). Running them here makes the README's test command
+check them, not only CI.
 """
 
 from __future__ import annotations
 
-import ast
+import os
+
+import pytest
+from importlinter.cli import lint_imports
 
 from tests.conftest import ROOT
 
-SERVER_FOLDERS = ("resources_servers", "responses_api_agents", "responses_api_models")
 
-
-def imported_modules(tree: ast.AST) -> list[str]:
-    names = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
-    return names
-
-
-def test_polygym_imports_no_server_folder() -> None:
-    offenders = [
-        f"{path.relative_to(ROOT)}: {module}"
-        for path in sorted((ROOT / "polygym").rglob("*.py"))
-        for module in imported_modules(ast.parse(path.read_text()))
-        if module.split(".")[0] in SERVER_FOLDERS
-    ]
-    assert offenders == []
+def test_import_contracts_are_kept(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    status = lint_imports(config_filename=os.fspath(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    report = capsys.readouterr().out
+    assert status == 0, report
+    assert "2 kept, 0 broken" in report

@@ -296,7 +296,8 @@ class _Checker:
         return _outcome(problems, f"{len(self.rows)} rows seeded and released")
 
     async def tool_call(self, name: str, schema: dict[str, Any]) -> Outcome:
-        parameters = schema.get("parameters") if isinstance(schema.get("parameters"), dict) else {}
+        declared = schema.get("parameters")
+        parameters: dict[str, Any] = declared if isinstance(declared, dict) else {}
         arguments = example_arguments(parameters)
         if validation_errors(arguments, parameters):
             arguments = example_arguments(parameters, required_only=True)
@@ -318,7 +319,8 @@ class _Checker:
         )
 
     async def tool_bad_input(self, name: str, schema: dict[str, Any]) -> Outcome:
-        parameters = schema.get("parameters") if isinstance(schema.get("parameters"), dict) else {}
+        declared = schema.get("parameters")
+        parameters: dict[str, Any] = declared if isinstance(declared, dict) else {}
         valid = example_arguments(parameters)
         cases: list[tuple[str, Any]] = [
             ("invalid JSON", b'{"oops": '),

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from polygym.collect.row import ALL_ENVS_LABEL
+from polygym.row import ALL_ENVS_LABEL
 
 DEFAULT_WARN_BELOW = 2
 SHARE_DRIFT_WARNING = Fraction(1, 5)

@@ -9,7 +9,7 @@ each environment (``EnvironmentSpec``); what an environment is and holds is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +129,7 @@ def _key(loc: Sequence[Any], raw: Any) -> str:
     return text or "(spec)"
 
 
-def _problem(source: str, err: dict[str, Any], raw: Any) -> str:
+def _problem(source: str, err: Mapping[str, Any], raw: Any) -> str:
     loc = tuple(err.get("loc", ()))
     key = _key(loc, raw)
     kind = err.get("type")

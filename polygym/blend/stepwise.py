@@ -33,7 +33,7 @@ import math
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,10 @@ from polygym.blend.sampler import Step, StepSampler
 from polygym.blend.spec import BlendSpec
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.rollouts import Limits, Result, collect, failure_record
-from polygym.collect.row import (
+from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, prepare
+from polygym.jsonl import JsonlAppender, iter_jsonl, write_jsonl
+from polygym.net.client import ServerClient
+from polygym.row import (
     ALL_ENVS,
     ENV_FIELD,
     PASS_THRESHOLD,
@@ -56,9 +59,6 @@ from polygym.collect.row import (
     reward,
     total_tokens,
 )
-from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, prepare
-from polygym.jsonl import JsonlAppender, iter_jsonl, write_jsonl
-from polygym.net.client import ServerClient
 from polygym.stack.environment import EnvironmentNotFoundError, config_file
 
 STRAGGLER = "Straggler"
@@ -331,7 +331,7 @@ async def stream_steps(
     files: StepFiles,
     settings: StepSettings,
     summary: RunSummary | None = None,
-) -> AsyncIterator[StepReport]:
+) -> AsyncGenerator[StepReport, None]:
     """Collect steps ``start_step .. start_step + steps - 1``; yields each step's report as it ends.
 
     Files must have been prepared (``prepare_step_files``); every line is flushed as it is written.

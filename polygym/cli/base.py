@@ -10,7 +10,7 @@ import asyncio
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import yaml
@@ -128,7 +128,7 @@ def console(stderr: bool = False) -> Console:
     return Console(width=None if stream.isatty() else 200, highlight=False, stderr=stderr)
 
 
-def fail(message: str, code: int = EXIT_FAILURE) -> Any:
+def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     click.secho(f"error: {message}", fg="red", err=True)
     sys.exit(code)
 

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, console, fail
 from polygym.collect.compare import DEFAULT_METRICS, DEFAULT_THRESHOLD, CompareError, Comparison, compare
-from polygym.collect.row import env_label
+from polygym.row import env_label
 
 STATUS_STYLE = {"ok": "green", "regression": "red", "missing": "red", "added": "cyan"}
 

@@ -34,9 +34,9 @@ from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, 
 from polygym.collect.dataset import DatasetError, Materialization, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, Limits
-from polygym.collect.row import Job
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
 from polygym.net.client import ServerCallError, ServerClient
+from polygym.row import Job
 from polygym.stack import records as stacks
 from polygym.stack.config import ConfigError
 from polygym.stack.launcher import BACKENDS, LaunchError

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from polygym.collect.row import ALL_ENVS, env_label
+from polygym.row import ALL_ENVS, env_label
 
 METRICS_SUFFIX = "_aggregate_metrics.json"
 DEFAULT_METRICS = ("mean/reward", "pass@*", "majority@*")

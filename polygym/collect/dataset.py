@@ -16,10 +16,10 @@ from typing import Any
 
 import orjson
 
-from polygym.collect.row import INDEX_FIELDS, Job, make_job
 from polygym.errors import DatasetError
 from polygym.jsonl import numbered_lines
 from polygym.protocol import AGENT_KIND
+from polygym.row import INDEX_FIELDS, Job, make_job
 from polygym.suggest import unknown_name_message
 
 INPUT_ITEM_KEYS = ("role", "type")

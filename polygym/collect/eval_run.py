@@ -16,11 +16,11 @@ import orjson
 from polygym import metrics
 from polygym.collect.progress import Progress
 from polygym.collect.rollouts import Limits, collect
-from polygym.collect.row import Job
 from polygym.collect.run_files import RolloutWriter, RunFiles, done_keys, prepare
 from polygym.jsonl import encode_jsonl, iter_jsonl
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
+from polygym.row import Job
 
 REDUCED_SCALARS = (str, int, float, bool, type(None))
 
@@ -45,7 +45,7 @@ def reduce_rollout(rollout: dict[str, Any]) -> dict[str, Any]:
 
     Full responses can be megabytes each; metrics over 10,000 rollouts must not resend them.
     """
-    reduced = {k: v for k, v in rollout.items() if isinstance(v, REDUCED_SCALARS)}
+    reduced: dict[str, Any] = {k: v for k, v in rollout.items() if isinstance(v, REDUCED_SCALARS)}
     response = rollout.get("response")
     if isinstance(response, dict):
         reduced["response"] = {"usage": response.get("usage"), "status": response.get("status")}

@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from polygym.collect.rollouts import Result
-from polygym.collect.row import reward
+from polygym.row import reward
 
 
 @dataclass

@@ -15,14 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from polygym.collect.row import ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
+from polygym.row import ROLLOUT_INDEX, TASK_INDEX, Job
 
 DEFAULT_CONCURRENCY = 64
 DEFAULT_TIMEOUT_S = 900.0
@@ -113,7 +113,7 @@ class _Runner:
 
 async def collect(
     jobs: Iterable[Job], client: ServerClient, limits: Limits | None = None
-) -> AsyncIterator[Result]:
+) -> AsyncGenerator[Result, None]:
     """Yield a Result for every job, in completion order.
 
     Stopping the iteration early (``break``, or cancelling the consumer) cancels the rollouts in

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polygym.collect.row import ROLLOUT_INDEX, TASK_INDEX
 from polygym.jsonl import JsonlAppender, iter_jsonl, truncate_torn_tail
+from polygym.row import ROLLOUT_INDEX, TASK_INDEX
 
 
 class RunFileError(Exception):

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import math
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
@@ -61,7 +63,7 @@ class _QuietServer(uvicorn.Server):
 class AppServer:
     """One ASGI app served on one pre-bound socket inside the current event loop."""
 
-    def __init__(self, app: object, sock: socket.socket, graceful_timeout_s: float = 2.0) -> None:
+    def __init__(self, app: Any, sock: socket.socket, graceful_timeout_s: float = 2.0) -> None:
         self.sock = sock
         self.url = socket_url(sock)
         config = uvicorn.Config(
@@ -69,7 +71,7 @@ class AppServer:
             log_level="warning",
             access_log=False,
             lifespan="on",
-            timeout_graceful_shutdown=graceful_timeout_s,
+            timeout_graceful_shutdown=math.ceil(graceful_timeout_s),
             timeout_keep_alive=30,
             backlog=2048,
         )

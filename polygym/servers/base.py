@@ -191,9 +191,9 @@ class BaseServer(Generic[ConfigT]):
         if self._app is None:
             routes = self.routes()
             self._direct = {
-                (method, route.path): route.endpoint.__self__
+                (method, route.path): endpoint
                 for route in routes
-                if isinstance(getattr(route.endpoint, "__self__", None), JsonEndpoint)
+                if isinstance(endpoint := getattr(route.endpoint, "__self__", None), JsonEndpoint)
                 for method in route.methods or ()
             }
             self._app = Starlette(routes=routes, lifespan=self._lifespan)

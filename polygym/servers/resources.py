@@ -206,15 +206,15 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
             session = self.sessions.create()
             request.state.new_session = session.id
             return session
-        session = self.sessions.get(session_id)
-        if session is None:
+        found = self.sessions.get(session_id)
+        if found is None:
             raise HTTPError(
                 409,
                 f"unknown or expired session '{session_id}' (released after verify, or idle longer than "
                 f"{self.config.session_idle_timeout_s:g}s); call /seed_session to start a new one",
                 "unknown_session",
             )
-        return session
+        return found
 
     @staticmethod
     def _with_cookie(request: Request, result: Any) -> Response:
@@ -253,7 +253,7 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
 
     async def _end_session(self, body: Any, request: Request) -> dict[str, Any]:
         session_id = request.cookies.get(SESSION_COOKIE)
-        return {"released": bool(session_id) and self.sessions.release(session_id)}
+        return {"released": bool(session_id and self.sessions.release(session_id))}
 
     async def _aggregate(self, body: AggregateMetricsRequest, request: Request) -> dict[str, Any]:
         return self.aggregate_metrics(body.rollouts)

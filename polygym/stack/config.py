@@ -222,8 +222,9 @@ def _load_file(path: Path, problems: list[str]) -> dict[str, Any] | None:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         what = getattr(exc, "problem", None) or _first_line(exc)
-        if getattr(exc, "context", None):
-            what = f"{what} ({exc.context})"
+        context = getattr(exc, "context", None)
+        if context:
+            what = f"{what} ({context})"
         where = f"{shown}:{mark.line + 1}:{mark.column + 1}" if mark else shown
         problems.append(f"{where}: invalid YAML: {what}")
         return None
@@ -369,7 +370,7 @@ def _scan_values(stack: _Stack, node: DictConfig | ListConfig, prefix: str, raw:
 
     Returns plain data with ``_UNRESOLVED`` where a value failed, so later checks can skip those.
     """
-    keys = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
+    keys: list[Any] = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
     out: dict[Any, Any] = {}
     for key in keys:
         path = _join(prefix, key)

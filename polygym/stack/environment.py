@@ -162,7 +162,7 @@ class Environment:
     @cached_property
     def server_class(self) -> type[ResourcesServer]:
         """The resources server class (imports ``app.py``; ConfigError when that fails)."""
-        return load_server_class(self.resources)  # type: ignore[return-value]
+        return load_server_class(self.resources)
 
     @cached_property
     def reward_range(self) -> tuple[float, float]:

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import statistics
 import threading
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,8 +40,8 @@ from polygym.blend.spec import BlendSpec
 from polygym.blend.stepwise import EnvStepReport, StepFiles, StepReport, StepSettings, prepare_step_files
 from polygym.blend.stepwise import stream_steps as _stream_steps
 from polygym.collect.rollouts import Limits
-from polygym.collect.row import ALL_ENVS, ENV_FIELD
 from polygym.net.client import ServerClient
+from polygym.row import ALL_ENVS, ENV_FIELD
 from polygym.stack.config import StackConfig
 from polygym.stack.session import StackSession, StackTarget
 from polygym.training.advantages import zero_variance_groups
@@ -162,7 +162,7 @@ def _input_keys(blend: Blend) -> dict[str, set[str]]:
 
 async def stream_token_steps(
     client: ServerClient, blend: Blend, output: Path, settings: StepSettings, overwrite: bool = False
-) -> AsyncIterator[TokenStep]:
+) -> AsyncGenerator[TokenStep, None]:
     """Collect steps ``start_step, start_step + 1, ...`` (``settings.steps`` of them, or fewer when
     the caller stops iterating) with token capture on; yields each finished step as a ``TokenStep``.
 

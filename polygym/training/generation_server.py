@@ -260,7 +260,7 @@ class HFGenerator:
             prompt_ids=prompt,
             max_tokens=int(max_tokens),
             temperature=1.0 if temperature is None else float(temperature),
-            top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
+            top_p=1.0 if body.get("top_p") is None else float(body["top_p"]),
             top_k=int(body.get("top_k") or 0),
         )
         if request.max_tokens < 1:

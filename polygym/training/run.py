@@ -41,9 +41,9 @@ from polygym.blend.stepwise import environments_to_serve
 from polygym.collect.compare import Comparison, compare
 from polygym.collect.eval_run import run_eval
 from polygym.collect.rollouts import Limits
-from polygym.collect.row import ALL_ENVS, Job, make_job, reward
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import append_jsonl, iter_jsonl, write_jsonl
+from polygym.row import ALL_ENVS, Job, make_job, reward
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
 from polygym.training.collector import TokenCollector, TokenStep
@@ -105,7 +105,7 @@ def stack_config(
 
 def validation_jobs(blend: Blend, limit: int | None, sampling: dict[str, Any]) -> list[Job]:
     """One greedy rollout per validation row of every environment (task indices run across them)."""
-    jobs = []
+    jobs: list[Job] = []
     for env in blend.environments:
         rows = blend.stamped(env.name)
         for row in rows[:limit] if limit is not None else rows:

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from polygym.collect.row import ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX, reward
+from polygym.row import ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX, reward
 
 _NOT_COMPONENTS = frozenset({"reward", "responses_create_params", "response", "agent_ref"})
 

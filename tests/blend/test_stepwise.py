@@ -16,9 +16,9 @@ from polygym.blend.spec import BlendSpec, parse_spec
 from polygym.blend.stepwise import STRAGGLER, StepFiles, StepSettings, run_steps
 from polygym.cli.train import next_step, run_blend
 from polygym.collect.rollouts import Limits
-from polygym.collect.row import ALL_ENVS, ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX
 from polygym.collect.run_files import RunFileError
 from polygym.jsonl import iter_jsonl
+from polygym.row import ALL_ENVS, ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.launcher import Stack

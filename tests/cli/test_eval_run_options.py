@@ -9,8 +9,8 @@ from click.testing import CliRunner, Result
 
 from polygym.blend.stepwise import StepFiles
 from polygym.cli import gym
-from polygym.collect.row import ROLLOUT_INDEX
 from polygym.jsonl import iter_jsonl
+from polygym.row import ROLLOUT_INDEX
 
 SPEC = """
 environments:

@@ -12,7 +12,7 @@ from click.testing import CliRunner, Result
 from polygym import metrics
 from polygym.cli.compare import compare_command
 from polygym.collect.compare import CompareError, compare
-from polygym.collect.row import ALL_ENVS
+from polygym.row import ALL_ENVS
 
 A = "example_single_tool_call_simple_agent"
 B = "example_multi_step_simple_agent"

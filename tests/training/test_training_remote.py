@@ -25,8 +25,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym.blend.spec import parse_spec
-from polygym.collect.row import ALL_ENVS
 from polygym.net.listen import AppServer, bind_socket
+from polygym.row import ALL_ENVS
 from polygym.training.collector import TokenCollector
 from polygym.training.tokens import TokenRollout
 

@@ -16,8 +16,8 @@ import pytest
 from polygym.blend.mix import load_blend
 from polygym.blend.spec import BlendSpec, parse_spec
 from polygym.blend.stepwise import StepFiles
-from polygym.collect.row import ALL_ENVS, ROLLOUT_INDEX, TASK_INDEX
 from polygym.jsonl import iter_jsonl
+from polygym.row import ALL_ENVS, ROLLOUT_INDEX, TASK_INDEX
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.training.advantages import group_advantages, zero_variance_groups

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from polygym import metrics
-from polygym.collect.row import ROLLOUT_INDEX, TASK_INDEX, make_job, reward, total_tokens, usage
+from polygym.row import ROLLOUT_INDEX, TASK_INDEX, make_job, reward, total_tokens, usage
 from polygym.training.tokens import assemble
 
 
