@@ -24,6 +24,7 @@ from polygym.cli.base import (
     run_async,
     selector_options,
 )
+from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import NO_RETRY
 from polygym.stack import records as stacks
@@ -91,11 +92,15 @@ def start(
 
 async def _serve_foreground(stack: Stack) -> int:
     """Run until Ctrl-C/SIGTERM (exit 0) or until a server dies (exit 1, the rest stopped)."""
+    try:
+        return await until_interrupted(_serve_until_failure(stack))
+    except Interrupted:
+        return 0
+
+
+async def _serve_until_failure(stack: Stack) -> int:
+    """Start the stack and wait for a server to die; a cancel (a signal) stops it all the same."""
     out, err = console(), console(stderr=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
         await stack.start()
     except (LaunchError, ConfigError) as exc:
@@ -106,22 +111,15 @@ async def _serve_foreground(stack: Stack) -> int:
         f"[bold green]ready:[/] {len(stack.servers())} servers up in {stack.started_in_s:.2f}s; "
         f"head server {stack.head_url}. Press Ctrl-C to stop."
     )
-    failure_task = asyncio.ensure_future(stack.wait_failure())
-    stop_task = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([failure_task, stop_task], return_when=asyncio.FIRST_COMPLETED)
-    stop_task.cancel()
-    code = 0
-    if failure_task.done():
-        failure = failure_task.result()
+    try:
+        failure = await stack.wait_failure()
         err.print("[red]error:[/]", escape(failure.message))
         out.print("stopping the other servers...")
-        code = EXIT_FAILURE
-    else:
-        failure_task.cancel()
-    began = time.perf_counter()
-    await stack.stop()
-    out.print(f"stopped {len(stack.config.servers)} servers in {time.perf_counter() - began:.2f}s")
-    return code
+        return EXIT_FAILURE
+    finally:
+        began = time.perf_counter()
+        await stack.stop()
+        out.print(f"stopped {len(stack.config.servers)} servers in {time.perf_counter() - began:.2f}s")
 
 
 async def _health(servers: list[dict[str, Any]]) -> dict[str, str]:
