@@ -546,12 +546,11 @@ async def check_env_async(
     """Run every check on ``env``: a name, a folder, or a server class (checked as its folder,
     with the folder's config and example data, as Gymnasium's ``check_env`` takes the
     environment itself); see the module docstring."""
-    if inspect.isclass(env):
-        env = _env_folder(env)
+    where = env if isinstance(env, str | Path) else _env_folder(env)
     began = time.perf_counter()
-    report = EnvReport(env=Path(env).name)
+    report = EnvReport(env=Path(where).name)
     try:
-        environment = load_environment(env)
+        environment = load_environment(where)
         checker = _Checker(environment, report, timeout_s)  # imports app.py, reads reward_range
     except ConfigError as exc:
         report.results.append(CheckResult("config", FAIL, "; ".join(exc.problems)))
