@@ -23,6 +23,17 @@ from polygym.stack import records as stacks
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 60.0
+TWO_ENV_SPEC = """
+environments:
+  - name: example_single_tool_call
+    weight: 3
+  - name: example_multi_step
+    weight: 1
+prompts_per_step: 4
+responses_per_prompt: 2
+seed: 13
+"""
+"""A small blend of both example environments (3:1, two responses per prompt) for CLI tests."""
 
 
 @pytest.fixture(autouse=True)

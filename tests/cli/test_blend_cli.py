@@ -15,6 +15,7 @@ from polygym.blend.mix import load_blend
 from polygym.blend.spec import load_spec
 from polygym.cli import gym
 from tests.conftest import ROOT
+from tests.conftest import TWO_ENV_SPEC as SPEC
 
 ENVS = ("example_single_tool_call", "example_multi_step")
 AGENTS = tuple(f"{e}_simple_agent" for e in ENVS)
@@ -49,16 +50,6 @@ def jq_recipe(path: Path) -> bytes:
     return out
 
 
-SPEC = """
-environments:
-  - name: example_single_tool_call
-    weight: 3
-  - name: example_multi_step
-    weight: 1
-prompts_per_step: 4
-responses_per_prompt: 2
-seed: 13
-"""
 
 
 @pytest.fixture

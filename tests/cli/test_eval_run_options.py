@@ -11,17 +11,8 @@ from polygym.blend.stepwise import StepFiles
 from polygym.cli import gym
 from polygym.jsonl import iter_jsonl
 from polygym.row import ROLLOUT_INDEX
+from tests.conftest import TWO_ENV_SPEC as SPEC
 
-SPEC = """
-environments:
-  - name: example_single_tool_call
-    weight: 3
-  - name: example_multi_step
-    weight: 1
-prompts_per_step: 4
-responses_per_prompt: 2
-seed: 13
-"""
 SCRIPTED = ("--model-type", "scripted_model")
 LATENCY = "policy_model.responses_api_models.scripted_model.latency_ms"
 
