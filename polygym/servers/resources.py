@@ -53,6 +53,12 @@ class ResourcesServerConfig(ServerConfig):
         description="Worker processes of the server's cpu_pool, for CPU-heavy verification; "
         "0: no pool, null: min(4, CPU count).",
     )
+    cpu_slow_after_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="A cpu_pool call running this long counts as slow; when every worker holds a slow "
+        "call, others run on overflow workers instead of queueing behind them.",
+    )
 
 
 class ToolSpec:
@@ -187,7 +193,9 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
 
     async def startup(self) -> None:
         if self.config.cpu_workers != 0:
-            self._cpu_pool = CpuPool(workers=self.config.cpu_workers)
+            self._cpu_pool = CpuPool(
+                workers=self.config.cpu_workers, slow_after_s=self.config.cpu_slow_after_s
+            )
         self.sessions.start_sweeper()
 
     async def shutdown(self) -> None:

@@ -27,6 +27,7 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
+from polygym import redact
 from polygym.errors import ConfigError
 from polygym.stack import catalog
 from polygym.stack.catalog import SERVER_KINDS, describe_unknown
@@ -34,7 +35,6 @@ from polygym.suggest import closest
 
 MISSING = "???"
 COMMAND_LINE = "command line"
-MASK = "****"
 
 _ABSENT = object()  # "no such key", distinct from a key whose value is None
 _UNRESOLVED = object()  # a value that could not be resolved; its problem is already recorded
@@ -78,43 +78,7 @@ class StackConfig:
         data: dict[str, Any] = {key: _copy(value) for key, value in self.globals.items()}
         for spec in self.servers.values():
             data[spec.name] = {spec.kind: {spec.implementation: _copy(spec.config)}}
-        return _mask(data, False) if mask_secrets else data
-
-
-# --------------------------------------------------------------------------------------------- secrets
-
-
-def is_secret_key(key: Any) -> bool:
-    """Whether a key's value should never be shown.
-
-    ``token`` is matched as a word ending (``hf_token``, ``accessToken``) rather than a substring so that
-    ``max_tokens`` and ``tokenizer`` stay readable; the other markers are matched anywhere in the name.
-    """
-    name = str(key)
-    flat = re.sub(r"[^a-z0-9]", "", name.lower())
-    if any(marker in flat for marker in ("apikey", "secret", "password", "passwd", "authorization")):
-        return True
-    words = re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", name)
-    return any(word.lower().endswith("token") for word in words)
-
-
-def _mask(data: Any, secret: bool) -> Any:
-    if isinstance(data, Mapping):
-        return {key: _mask(value, secret or is_secret_key(key)) for key, value in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [_mask(item, secret) for item in data]
-    if secret and isinstance(data, str) and data:
-        return MASK
-    return data
-
-
-def mask_secrets(data: Any) -> Any:
-    """A copy of ``data`` with every non-empty string under a secret-looking key replaced by ``****``.
-
-    Only strings are masked: a secret is text, and masking numbers would hide ``max_tokens: 256``.
-    Everything beneath a secret key is masked too (``secrets: {db: ...}``).
-    """
-    return _mask(data, False)
+        return redact.mask_secrets(data) if mask_secrets else data
 
 
 def _copy(data: Any) -> Any:

@@ -5,6 +5,7 @@ The offloaded callables are builtins because workers import functions by module 
 modules are not importable from a fresh worker process.
 """
 
+import asyncio
 import math
 import re
 import time
@@ -40,7 +41,7 @@ async def test_the_resources_server_owns_its_pool_when_cpu_workers_is_set() -> N
         pool = server.cpu_pool
         assert pool.workers == 1
         assert await pool.run(math.factorial, 4, timeout_s=30) == 24
-    assert pool._pool is None  # closed at shutdown: its workers are gone
+    assert not pool.running  # closed at shutdown: its workers are gone
     with pytest.raises(RuntimeError, match="the pool opens at startup"):
         server.cpu_pool  # noqa: B018
 
@@ -50,3 +51,41 @@ async def test_no_pool_by_default() -> None:
     async with server.app.router.lifespan_context(server.app):
         with pytest.raises(RuntimeError, match="env: no cpu_pool: cpu_workers is 0"):
             server.cpu_pool  # noqa: B018
+
+
+async def test_slow_calls_do_not_starve_ordinary_ones() -> None:
+    """Five slow calls on two workers used to delay an ordinary one by three rounds of their runtime;
+    with the overflow lane (four more processes) it waits about ``slow_after_s`` behind them."""
+    slow_s = 3.0
+    pool = CpuPool(workers=2, slow_after_s=0.2)
+    try:
+        await pool.run(math.factorial, 1, timeout_s=30)  # workers started: spawn time is not the point
+        began = time.perf_counter()
+        slow = [asyncio.ensure_future(pool.run(time.sleep, slow_s, timeout_s=30)) for _ in range(5)]
+        await asyncio.sleep(0)  # the slow calls are queued first, as in the reported case
+        assert await pool.run(math.factorial, 10, timeout_s=30) == 3628800
+        ordinary_s = time.perf_counter() - began
+        await asyncio.gather(*slow)
+        assert ordinary_s < slow_s, f"an ordinary call waited {ordinary_s:.1f}s behind slow ones"
+    finally:
+        pool.close()
+
+
+async def test_without_a_slow_lane_the_pool_is_fifo() -> None:
+    pool = CpuPool(workers=1, slow_after_s=0.1, slow_workers=0)
+    try:
+        began = time.perf_counter()
+        slow = asyncio.ensure_future(pool.run(time.sleep, 1.0, timeout_s=30))
+        await asyncio.sleep(0)
+        await pool.run(math.factorial, 3, timeout_s=30)
+        assert time.perf_counter() - began >= 1.0
+        await slow
+    finally:
+        pool.close()
+
+
+def test_slow_lane_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="slow_after_s"):
+        CpuPool(workers=1, slow_after_s=0)
+    with pytest.raises(ValueError, match="slow_workers"):
+        CpuPool(workers=1, slow_workers=-1)

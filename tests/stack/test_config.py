@@ -13,7 +13,6 @@ from polygym.stack.config import (
     ServerSpec,
     StackConfig,
     load_config,
-    mask_secrets,
     parse_override,
 )
 
@@ -349,29 +348,6 @@ def test_config_error_survives_pickling() -> None:
 
 
 # -------------------------------------------------------------------------------------------- secrets
-
-
-def test_masking_hides_secrets_but_not_token_counts() -> None:
-    data = {
-        "openai_api_key": "sk-123",
-        "max_tokens": 256,
-        "max_output_tokens": "512",
-        "tokenizer": "Qwen/Qwen3-0.6B",
-        "hf_token": "hf_abc",
-        "nested": [{"clientSecret": "s"}, {"password": ""}],
-        "secrets": {"db": "pw"},
-    }
-    masked = mask_secrets(data)
-    assert masked == {
-        "openai_api_key": "****",
-        "max_tokens": 256,
-        "max_output_tokens": "512",
-        "tokenizer": "Qwen/Qwen3-0.6B",
-        "hf_token": "****",
-        "nested": [{"clientSecret": "****"}, {"password": ""}],
-        "secrets": {"db": "****"},
-    }
-    assert data["openai_api_key"] == "sk-123"  # a copy, not in place
 
 
 def test_to_dict_masks_by_default(project: Path) -> None:
