@@ -55,8 +55,7 @@ async def _register(client: ServerClient, head_url: str, entry: dict[str, Any], 
 
 async def serve(payload: dict[str, Any]) -> None:
     spec = spec_from_dict(payload["spec"])
-    pool_size = payload.get("pool_size")
-    client = stack_client(payload["head_url"], pool_size)
+    client = stack_client(payload["head_url"], payload.get("pool_size"))
     server = build_server(spec, client)
     client.add_local(spec.name, server.app, server.dispatch)
     app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
@@ -71,7 +70,7 @@ async def serve(payload: dict[str, Any]) -> None:
         "implementation": spec.implementation,
         "url": app_server.url,
         "pid": os.getpid(),
-        "pool_size": pool_size,
+        "pool_size": client.pool_size or None,  # what the pool really allows; None: no limit
     }
     await _register(client, payload["head_url"], entry, payload.pop("stack_secret"))
     print(f"{spec.name} serving on {app_server.url}", flush=True)
