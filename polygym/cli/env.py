@@ -40,17 +40,32 @@ def env() -> None:
     """Start, inspect and stop stacks of environments, agents and model servers."""
 
 
+REGISTRY_TIMEOUT_S = 2.0
+SERVER_COLUMNS = ("name", "kind", "implementation", "url", "pid", "registered by", "pool")
+
+
+def _cell(entry: dict[str, Any], field: str) -> str:
+    return escape(str(entry.get(field) if entry.get(field) is not None else "?"))
+
+
 def server_table(servers: list[dict[str, Any]], title: str, health: dict[str, str] | None = None) -> Table:
-    table = Table(title=title, title_justify="left")
-    for column in ("name", "kind", "implementation", "url", *(["health"] if health is not None else [])):
+    """One row per registry entry; every value came over the wire, so all of it is escaped."""
+    table = Table(title=escape(title), title_justify="left")
+    for column in (*SERVER_COLUMNS, *(["health"] if health is not None else [])):
         table.add_column(column)
     for entry in servers:
-        row = [entry["name"], entry["kind"], entry["implementation"], entry["url"]]
+        row = [_cell(entry, f) for f in ("name", "kind", "implementation", "url", "pid", "registered_by")]
+        row.append(escape(pool_label(entry.get("pool_size"))))
         if health is not None:
-            status = health.get(entry["name"], "?")
+            status = escape(health.get(str(entry.get("name")), "?"))
             row.append(f"[green]{status}[/]" if status.startswith("ok") else f"[red]{status}[/]")
         table.add_row(*row)
     return table
+
+
+def pool_label(pool_size: Any) -> str:
+    """A server's connection pool to the rest of its stack; no size means no limit."""
+    return "unlimited" if pool_size in (None, 0) else str(pool_size)
 
 
 @env.command("start")
@@ -69,6 +84,13 @@ def server_table(servers: list[dict[str, Any]], title: str, health: dict[str, st
     default=None,
     help="Port of the head server [default: 11000, or any free port if taken].",
 )
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Most requests the servers make to each other at once: the size of their connection "
+    "pools [default: no limit; the collectors' --concurrency bounds the load].",
+)
 def start(
     resources_servers: tuple[str, ...],
     model_types: tuple[str, ...],
@@ -77,6 +99,7 @@ def start(
     backend: str,
     head_host: str,
     head_port: int | None,
+    concurrency: int | None,
 ) -> None:
     """Start every server of the merged config in the foreground; Ctrl-C stops them all.
 
@@ -86,7 +109,7 @@ def start(
           --resources-server example_single_tool_call --resources-server example_multi_step
     """
     config = load_stack_config(resources_servers, model_types, configs, overrides)
-    code = run_async(_serve_foreground(Stack(config, backend, head_host, head_port)))
+    code = run_async(_serve_foreground(Stack(config, backend, head_host, head_port, pool_size=concurrency)))
     sys.exit(code)
 
 
@@ -122,6 +145,34 @@ async def _serve_until_failure(stack: Stack) -> int:
         out.print(f"stopped {len(stack.config.servers)} servers in {time.perf_counter() - began:.2f}s")
 
 
+async def _registry(head_url: str) -> list[dict[str, Any]] | None:
+    """What the head server's registry really holds; None when the head does not answer."""
+    client = ServerClient(head_url, pool_size=4, timeout_s=REGISTRY_TIMEOUT_S)
+    try:
+        entries = await client.servers()
+    except ServerCallError:
+        return None
+    finally:
+        await client.close()
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else None
+
+
+def _unexpected(registry: list[dict[str, Any]], launched: list[dict[str, Any]]) -> list[str]:
+    """Registry entries the launcher did not record (a name it never started, another url or pid)."""
+    known = {s["name"]: (s.get("url"), s.get("pid")) for s in launched}
+    return [
+        str(e.get("name")) for e in registry if known.get(str(e.get("name"))) != (e.get("url"), e.get("pid"))
+    ]
+
+
+async def _inspect(record: dict[str, Any]) -> None:
+    """Add the live registry, what in it the launcher did not start, and each server's health."""
+    registry = await _registry(record["head_url"])
+    record["registry"] = registry
+    record["unexpected"] = _unexpected(registry, record["servers"]) if registry is not None else []
+    record["health"] = await _health(registry if registry is not None else record["servers"])
+
+
 async def _health(servers: list[dict[str, Any]]) -> dict[str, str]:
     client = ServerClient(pool_size=64)
     try:
@@ -144,10 +195,15 @@ async def _health(servers: list[dict[str, Any]]) -> dict[str, str]:
 @env.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status(as_json: bool) -> None:
-    """List running stacks, their servers and each server's health."""
+    """List running stacks, what each head server's registry holds, and each server's health.
+
+    The table is the live registry (name, url, pid, who registered it), not the launcher's record
+    of what it started, so a server that should not be there would show; entries that differ from
+    the record are named below the table.
+    """
     records = stacks.list_stacks()
     for record in records:
-        record["health"] = run_async(_health(record["servers"]))
+        run_async(_inspect(record))
     if as_json:
         click.echo(orjson.dumps(records, option=orjson.OPT_INDENT_2).decode())
         return
@@ -160,7 +216,13 @@ def status(as_json: bool) -> None:
             f"stack {record['stack_id']} (pid {record['pid']}, {record['backend']} backend, "
             f"head {record['head_url']})"
         )
-        out.print(server_table(record["servers"], title, record["health"]))
+        if record["registry"] is None:
+            head = escape(record["head_url"])
+            out.print(f"[red]head server {head} does not answer;[/] the servers it started:")
+        out.print(server_table(record["registry"] or record["servers"], title, record["health"]))
+        if record["unexpected"]:
+            names = ", ".join(record["unexpected"])
+            out.print(f"[red]not started by this stack's launcher (or moved):[/] {escape(names)}")
 
 
 def _select(stack_id: str | None, stop_all: bool) -> list[dict[str, Any]]:

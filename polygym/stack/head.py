@@ -1,14 +1,34 @@
 """The head server: the stack's registry of server names and addresses, and its public config.
 
 Servers register the address they actually bound (DESIGN §4: ports are bound, never probed), and
-every client resolves names here, so nothing in the stack hard-codes a port. The config it serves
-has secrets masked: anything on the machine can read the head server.
+every client resolves names here, so nothing in the stack hard-codes a port.
+
+Who may do what. The head listens on loopback, where every local process — other users' included —
+can reach it, so:
+
+* **Reads are open**: ``GET /``, ``GET /servers`` and ``GET /config``. A collector joining the
+  stack (``gym eval run --head-url``) and NeMo Gym's own servers only read, and nothing read here
+  is secret: addresses are not, and the config is served with secrets masked.
+* **Writes need the stack secret**: ``POST /register`` must carry the secret the launcher created
+  for this stack (``STACK_SECRET_HEADER``), compared in constant time. Without it the answer is
+  401, with a wrong one 403, so a process that is not part of the stack cannot take over a name
+  (``policy_model``, an agent) and receive the rollouts meant for it.
+* **A name is never silently replaced**: registering a name that is already held answers 409,
+  unless it is the same server repeating its own registration (same url and pid: a retry whose
+  first reply was lost). Replacing a server is the launcher's decision (``Registry.remove``, as
+  when it restarts a dead one), taken in its own process.
+
+Servers the launcher placed without handing them the secret — the inline backend's, or a NeMo Gym
+server run unchanged, which knows nothing of it — are registered by the launcher itself, in
+process (``Registry.register``): it knows their address because it started them. Every entry
+records how it got in (``registered_by``), so ``gym env status`` shows what the registry holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import os
 import time
 from typing import Any
@@ -18,34 +38,82 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from polygym.servers.base import HTTPError, json_endpoint, json_response
+from polygym.servers.base import HTTPError, JsonEndpoint, error_response, json_response
 
 REQUIRED_FIELDS = ("name", "kind", "implementation", "url")
+STACK_SECRET_HEADER = "x-polygym-stack-secret"
+BY_LAUNCHER = "launcher"
+"""``registered_by`` of a server the launcher registered in its own process."""
+BY_SECRET = "stack secret"
+"""``registered_by`` of a server that registered over HTTP with the stack secret."""
+SAME_SERVER_FIELDS = ("url", "pid")
+"""A repeated registration carrying the same values is the same server retrying, not a takeover."""
 
 
 class Registry:
-    """Running servers by name; waiters are woken whenever a server registers."""
+    """Running servers by name; waiters are woken whenever the registry changes."""
 
     def __init__(self) -> None:
         self.entries: dict[str, dict[str, Any]] = {}
         self._changed = asyncio.Event()
 
-    def register(self, entry: dict[str, Any]) -> None:
+    def register(self, entry: dict[str, Any], registered_by: str = BY_LAUNCHER) -> None:
+        """Add ``entry``; a name already held by another server is refused (409), never replaced."""
         missing = [f for f in REQUIRED_FIELDS if not entry.get(f)]
         if missing:
             raise HTTPError(422, f"registration is missing: {', '.join(missing)}", "validation_error")
-        self.entries[entry["name"]] = {**entry, "registered_at": time.time()}
+        name = entry["name"]
+        held = self.entries.get(name)
+        if held is not None:
+            if all(held.get(f) == entry.get(f) for f in SAME_SERVER_FIELDS):
+                return
+            raise HTTPError(
+                409,
+                f"server '{name}' is already registered (url {held['url']}, pid {held.get('pid')}); "
+                "a registered name is only replaced by the stack's launcher",
+                "name_taken",
+            )
+        self.entries[name] = {**entry, "registered_by": registered_by, "registered_at": time.time()}
+        self._notify()
+
+    def remove(self, name: str) -> None:
+        """Forget ``name`` (the launcher, before it restarts that server)."""
+        if self.entries.pop(name, None) is not None:
+            self._notify()
+
+    def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
 
     async def wait_changed(self, timeout_s: float) -> None:
-        """Return when a server registers, or after ``timeout_s``."""
+        """Return when the registry changes, or after ``timeout_s``."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout_s)
 
 
-def head_app(registry: Registry, public_config: dict[str, Any], stack_id: str) -> Starlette:
-    """The head server's ASGI app."""
+def check_secret(request: Request, secret: str | None) -> None:
+    """Raise 401/403 unless ``request`` carries the stack secret (compared in constant time).
+
+    With no secret (a head whose launcher hands none out) every HTTP write is refused.
+    """
+    given = request.headers.get(STACK_SECRET_HEADER)
+    if given is None:
+        raise HTTPError(
+            401,
+            f"registering needs the stack secret in the {STACK_SECRET_HEADER} header: "
+            "only servers started by this stack may register",
+            "unauthenticated",
+        )
+    if secret is None or not hmac.compare_digest(given.encode("latin-1"), secret.encode("latin-1")):
+        raise HTTPError(
+            403, "wrong stack secret: this head server only admits its own stack's servers", "forbidden"
+        )
+
+
+def head_app(
+    registry: Registry, public_config: dict[str, Any], stack_id: str, secret: str | None = None
+) -> Starlette:
+    """The head server's ASGI app; ``secret`` admits HTTP registrations (see the module docstring)."""
 
     async def liveness(request: Request) -> Response:
         return json_response(
@@ -64,17 +132,27 @@ def head_app(registry: Registry, public_config: dict[str, Any], stack_id: str) -
     async def config(request: Request) -> Response:
         return json_response(public_config)
 
-    async def register(body: Any, request: Request) -> dict[str, Any]:
+    async def register_entry(body: Any, request: Request) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise HTTPError(400, "registration must be a JSON object", "invalid_request")
-        registry.register(body)
+        registry.register(body, BY_SECRET)
         return {"registered": body["name"]}
+
+    registration = JsonEndpoint(register_entry)
+
+    async def register(request: Request) -> Response:
+        """The secret is checked before the body is read: a stranger's body is never parsed."""
+        try:
+            check_secret(request, secret)
+        except HTTPError as exc:
+            return error_response(exc.status, exc.error_type, exc.message)
+        return await registration.handle_request(request)
 
     return Starlette(
         routes=[
             Route("/", liveness, methods=["GET"]),
             Route("/servers", servers, methods=["GET"]),
             Route("/config", config, methods=["GET"]),
-            Route("/register", json_endpoint(register), methods=["POST"]),
+            Route("/register", register, methods=["POST"]),
         ]
     )

@@ -8,6 +8,16 @@ the rest of polygym only knows names. Two backends exist:
 * ``subprocess``: one OS process per server, for isolation and more cores. A server that dies is
   reported by name with the tail of its log, and the rest of the stack is stopped.
 
+Every stack has a secret (``secrets.token_urlsafe``) made when it is built; its head server admits
+HTTP registrations only with it (see ``head``). The subprocess backend hands it to each child in
+the stdin payload — never argv or the environment of a ``ps`` listing — and the inline backend
+registers its servers in process, so the secret never leaves the launcher there.
+
+Connection pools follow the stack's concurrency: the pool size given to ``Stack`` (the collector's
+``--concurrency`` when ``gym eval run`` starts the stack, ``gym env start --concurrency``) is the
+pool of every client the stack's servers use to reach each other; with none given it is unlimited
+(``stack_client``), never a fixed number that would cap a collector below its concurrency.
+
 A backend implements ``start`` / ``wait_failure`` / ``stop`` (``Backend`` below), which is all a
 Ray backend would need: servers never learn how they were placed.
 """
@@ -17,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import sys
 import time
@@ -38,6 +49,20 @@ DEFAULT_HEAD_PORT = 11000
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
 LOG_TAIL_LINES = 20
+NO_POOL_LIMIT = 0
+"""aiohttp's ``TCPConnector(limit=0)``: no limit on connections."""
+SECRET_BYTES = 32
+
+
+def stack_client(head_url: str | None, pool_size: int | None) -> ServerClient:
+    """The client a stack's server (or the inline stack's collector) reaches the others with.
+
+    ``pool_size`` is the stack's concurrency when it has one. ``None`` (a stack serving whatever
+    collectors come, ``gym env start``) means no limit: the collector that drives the stack bounds
+    the rollouts in flight, so connections here are bounded by it, and any fixed number would be a
+    hidden cap below a collector's ``--concurrency``.
+    """
+    return ServerClient(head_url, pool_size=NO_POOL_LIMIT if pool_size is None else pool_size)
 
 
 class LaunchError(RuntimeError):
@@ -57,14 +82,15 @@ class RunningServer:
     implementation: str
     url: str
     pid: int
-    log_path: str | None = None
+    pool_size: int | None = None
+    """The server's connection pool to the rest of the stack; None: no limit."""
 
 
 class Backend(Protocol):
     name: str
 
     async def start(
-        self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str
+        self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str, secret: str
     ) -> None: ...
 
     async def wait_failure(self) -> ServerFailure: ...
@@ -77,13 +103,16 @@ class InlineBackend:
 
     name = "inline"
 
-    def __init__(self, pool_size: int = 1024) -> None:
+    def __init__(self, pool_size: int | None = None) -> None:
         self.client: ServerClient | None = None
         self.pool_size = pool_size
         self._servers: list[tuple[str, AppServer]] = []
 
-    async def start(self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str) -> None:
-        self.client = ServerClient(head_url, pool_size=self.pool_size)
+    async def start(
+        self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str, secret: str
+    ) -> None:
+        """Registers every server in process (``registered_by: launcher``): no secret is needed."""
+        self.client = stack_client(head_url, self.pool_size)
         built = [(spec, build_server(spec, self.client)) for spec in specs]
         for spec, server in built:
             self.client.add_local(spec.name, server.app, server.dispatch)
@@ -91,7 +120,9 @@ class InlineBackend:
             app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
             await app_server.start()
             self._servers.append((spec.name, app_server))
-            entry = RunningServer(spec.name, spec.kind, spec.implementation, app_server.url, os.getpid())
+            entry = RunningServer(
+                spec.name, spec.kind, spec.implementation, app_server.url, os.getpid(), self.pool_size
+            )
             registry.register(asdict(entry))
             self.client.set_address(spec.name, app_server.url)
 
@@ -116,11 +147,17 @@ class SubprocessBackend:
 
     name = "subprocess"
 
-    def __init__(self) -> None:
+    def __init__(self, pool_size: int | None = None) -> None:
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.logs: dict[str, Path] = {}
+        self.pool_size = pool_size
+        self._secret = ""
 
-    async def start(self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str) -> None:
+    async def start(
+        self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str, secret: str
+    ) -> None:
+        """Each child registers itself over HTTP with ``secret``, which it reads from stdin."""
+        self._secret = secret
         log_dir = stacks.logs_dir(stack_id)
         for spec in specs:
             await self._spawn(spec, head_url, log_dir)
@@ -131,7 +168,7 @@ class SubprocessBackend:
         old = self.procs.get(spec.name)
         if old is not None and old.returncode is None:
             raise LaunchError(f"server '{spec.name}' is still running (pid {old.pid})")
-        registry.entries.pop(spec.name, None)
+        registry.remove(spec.name)
         await self._spawn(spec, head_url, stacks.logs_dir(stack_id))
         await self._wait_registered([spec], registry)
 
@@ -148,7 +185,13 @@ class SubprocessBackend:
                 stderr=log,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        payload = {"spec": _spec_to_dict(spec), "head_url": head_url, "parent_pid": os.getpid()}
+        payload = {
+            "spec": _spec_to_dict(spec),
+            "head_url": head_url,
+            "parent_pid": os.getpid(),
+            "stack_secret": self._secret,
+            "pool_size": self.pool_size,
+        }
         assert proc.stdin is not None
         proc.stdin.write(orjson.dumps(payload))
         proc.stdin.close()
@@ -230,7 +273,10 @@ def spec_from_dict(data: dict[str, Any]) -> ServerSpec:
     )
 
 
-BACKENDS = {"inline": InlineBackend, "subprocess": SubprocessBackend}
+BACKENDS: dict[str, type[InlineBackend] | type[SubprocessBackend]] = {
+    "inline": InlineBackend,
+    "subprocess": SubprocessBackend,
+}
 
 
 class Stack:
@@ -243,16 +289,20 @@ class Stack:
         head_host: str = "127.0.0.1",
         head_port: int | None = None,
         record: bool = True,
+        pool_size: int | None = None,
     ) -> None:
+        """``pool_size``: the stack's concurrency, which sizes its servers' pools (None: no limit)."""
         if backend not in BACKENDS:
             raise LaunchError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
         self.config = config
-        self.backend: InlineBackend | SubprocessBackend = BACKENDS[backend]()
+        self.backend: InlineBackend | SubprocessBackend = BACKENDS[backend](pool_size)
         self.head_host = head_host
         self.head_port = head_port
         self.record = record
         self.stack_id = stacks.new_stack_id()
         self.registry = Registry()
+        self.secret = secrets.token_urlsafe(SECRET_BYTES)
+        """Proves a registration comes from this stack's own processes; never printed or recorded."""
         self.head: AppServer | None = None
         self.started_in_s = 0.0
 
@@ -276,13 +326,13 @@ class Stack:
     async def start(self) -> None:
         """Start head then every server; on any failure, stop what started and raise."""
         began = time.perf_counter()
-        self.head = AppServer(
-            head_app(self.registry, self.config.to_dict(mask_secrets=True), self.stack_id), self._bind_head()
-        )
+        public_config = self.config.to_dict(mask_secrets=True)
+        head = head_app(self.registry, public_config, self.stack_id, self.secret)
+        self.head = AppServer(head, self._bind_head())
         await self.head.start()
         try:
             await self.backend.start(
-                list(self.config.servers.values()), self.registry, self.head_url, self.stack_id
+                list(self.config.servers.values()), self.registry, self.head_url, self.stack_id, self.secret
             )
         except BaseException:
             await self.stop()

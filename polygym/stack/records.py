@@ -4,6 +4,12 @@
 Each ``gym env start`` writes one JSON file named by its stack id under the state directory
 (``$POLYGYM_STATE_DIR``, default ``~/.local/state/polygym``) and removes it when it stops. A file
 whose launcher process is gone is stale (the launcher was killed) and is cleaned up on read.
+
+A record says where a stack's head server is, and ``gym eval run --no-serve`` sends rollouts
+there, so only the user's own records count: the folder is created 0700, records are written
+0600, and a record owned by another user (a shared ``$POLYGYM_STATE_DIR``) is ignored. Records hold
+no secret: the stack secret never leaves the launcher's process and the servers it started, since
+nothing that reads a record (status, stop, a joining collector) writes to the registry.
 """
 
 from __future__ import annotations
@@ -23,25 +29,41 @@ def state_dir() -> Path:
     return Path(root)
 
 
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
 def stacks_dir() -> Path:
     path = state_dir() / "stacks"
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     return path
 
 
 def logs_dir(stack_id: str) -> Path:
     path = state_dir() / "logs" / stack_id
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     return path
 
 
 def write_stack(record: dict[str, Any]) -> Path:
-    """Atomically (re)write the record of one stack."""
+    """Atomically (re)write the record of one stack, readable by its user only."""
     path = stacks_dir() / f"{record['stack_id']}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+    with os.fdopen(fd, "wb") as out:
+        out.write(orjson.dumps(record, option=orjson.OPT_INDENT_2))
     tmp.replace(path)
     return path
+
+
+def _own(path: Path) -> bool:
+    """True when ``path`` belongs to this user (another user's record must not steer our runs)."""
+    try:
+        return path.stat().st_uid == os.getuid()
+    except OSError:
+        return False
 
 
 def remove_stack(stack_id: str) -> None:
@@ -62,6 +84,8 @@ def list_stacks() -> list[dict[str, Any]]:
     """Records of running stacks, oldest first; stale records are deleted."""
     records = []
     for path in sorted(stacks_dir().glob("*.json")):
+        if not _own(path):
+            continue
         try:
             record = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError):

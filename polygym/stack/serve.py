@@ -1,8 +1,10 @@
 """Entry point of one server process of the subprocess backend (``python -m polygym.stack.serve``).
 
-The launcher writes ``{"spec", "head_url", "parent_pid"}`` as JSON on stdin — on stdin rather than
-argv or a file, because the spec holds secrets (API keys) that must not show in ``ps`` or on disk.
-The process binds a free loopback port, registers its real address with the head server, serves
+The launcher writes ``{"spec", "head_url", "parent_pid", "stack_secret", "pool_size"}`` as JSON on
+stdin — on stdin rather than argv, the environment or a file, because the spec holds secrets (API
+keys) and the stack secret, which must not show in ``ps`` or on disk. The process binds a free
+loopback port, registers its real address with the head server (proving with the stack secret that
+it belongs to the stack, then dropping the secret: nothing later needs it), serves
 until SIGTERM/SIGINT, and exits by itself if its launcher disappears (a ``kill -9`` of
 ``gym env start`` must not leave orphans serving forever).
 """
@@ -22,7 +24,8 @@ import orjson
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, bind_socket
 from polygym.net.retry import RetryPolicy
-from polygym.stack.launcher import spec_from_dict
+from polygym.stack.head import STACK_SECRET_HEADER
+from polygym.stack.launcher import spec_from_dict, stack_client
 from polygym.stack.loader import build_server
 
 PARENT_POLL_S = 0.5
@@ -38,9 +41,21 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), PARENT_POLL_S)
 
 
+async def _register(client: ServerClient, head_url: str, entry: dict[str, Any], secret: str) -> None:
+    reply = await client.request_url(
+        "POST",
+        f"{head_url}/register",
+        entry,
+        headers={STACK_SECRET_HEADER: secret},
+        retry=RetryPolicy(attempts=5),
+    )
+    if reply.status != 200:
+        raise RuntimeError(f"head server refused registration: {reply.status} {reply.body[:500]!r}")
+
+
 async def serve(payload: dict[str, Any]) -> None:
     spec = spec_from_dict(payload["spec"])
-    client = ServerClient(payload["head_url"], pool_size=int(spec.config.get("pool_size", 1024)))
+    client = stack_client(payload["head_url"], payload.get("pool_size"))
     server = build_server(spec, client)
     client.add_local(spec.name, server.app, server.dispatch)
     app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
@@ -55,12 +70,9 @@ async def serve(payload: dict[str, Any]) -> None:
         "implementation": spec.implementation,
         "url": app_server.url,
         "pid": os.getpid(),
+        "pool_size": client.pool_size or None,  # what the pool really allows; None: no limit
     }
-    reply = await client.request_url(
-        "POST", f"{payload['head_url']}/register", entry, retry=RetryPolicy(attempts=5)
-    )
-    if reply.status != 200:
-        raise RuntimeError(f"head server refused registration: {reply.status} {reply.body[:500]!r}")
+    await _register(client, payload["head_url"], entry, payload.pop("stack_secret"))
     print(f"{spec.name} serving on {app_server.url}", flush=True)
     watcher = asyncio.create_task(_watch_parent(int(payload["parent_pid"]), stop))
     served = app_server.task

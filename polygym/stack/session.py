@@ -53,8 +53,9 @@ class StackSession:
     """Async context manager owning a stack (when it starts one) and the client to reach it.
 
     ``agents`` is known right after entry; ``connect()`` returns the client, starting the stack
-    first when the session has a config. ``pool_size`` sizes the HTTP pool of a client this session
-    creates (at least ``MIN_POOL_SIZE``), so the pool never caps the rollout concurrency.
+    first when the session has a config. ``pool_size`` (the collector's concurrency, at least
+    ``MIN_POOL_SIZE``) sizes the HTTP pool of a client this session creates and, for a stack it
+    starts, the pools of that stack's servers, so no pool caps the rollout concurrency.
     """
 
     def __init__(self, target: StackTarget, pool_size: int = MIN_POOL_SIZE) -> None:
@@ -102,7 +103,13 @@ class StackSession:
         if self.client is not None:
             return self.client
         assert self.target.config is not None
-        self.stack = Stack(self.target.config, self.target.backend, head_port=0, record=self.target.record)
+        self.stack = Stack(
+            self.target.config,
+            self.target.backend,
+            head_port=0,
+            record=self.target.record,
+            pool_size=self.pool_size,
+        )
         await self.stack.start()
         if self.stack.client is not None:
             self.client = self.stack.client
