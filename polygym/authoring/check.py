@@ -33,6 +33,7 @@ import copy
 import inspect
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +49,29 @@ from polygym.authoring.probe import NOT_CALLED, Probe
 from polygym.authoring.report import FAIL, PASS, SKIP, WARN, CheckResult, EnvReport, Outcome
 from polygym.collect.dataset import check_row, read_rows
 from polygym.jsonl import count_rows
+from polygym.net.client import ServerClient
 from polygym.net.thread_server import StartupError, ThreadServer
-from polygym.protocol import function_call_item, function_call_output_item, function_calls, message_item
+from polygym.protocol import (
+    MODEL_KIND,
+    function_call_item,
+    function_call_output_item,
+    function_calls,
+    message_item,
+)
 from polygym.protocol import new_response as _new_response
 from polygym.servers.base import body_model
 from polygym.servers.episodic import EpisodicServer
 from polygym.servers.resources import ResourcesServer
-from polygym.stack.config import ConfigError
-from polygym.stack.environment import Environment, describe_environment, load_environment, resolve_env_dir
+from polygym.stack import catalog
+from polygym.stack.config import ConfigError, load_config
+from polygym.stack.environment import (
+    STUB_MODEL,
+    Environment,
+    describe_environment,
+    load_environment,
+    resolve_env_dir,
+)
+from polygym.stack.loader import build_server
 
 # The report types (polygym.authoring.report) and environment loading (polygym.stack.environment) are
 # re-exported: `gym env check`, `gym list environments` and scripts import them from here.
@@ -153,6 +169,9 @@ class _Checker:
         runner: ThreadServer | None = None
         try:
             server = self.environment.build()
+            models = serve_model_stand_ins(self.environment, server.client)
+            if models is not None:
+                self.record("model servers", models)
             runner = ThreadServer(server.app, server.client, _GRACEFUL_S)
             await runner.start(self.timeout_s)
         except Exception as exc:
@@ -501,6 +520,24 @@ class _Checker:
         except Exception as exc:
             return FAIL, _failure(exc, limit, "shutdown") + " (a blocked event loop?)"
         return PASS, "stopped cleanly"
+
+
+def serve_model_stand_ins(environment: Environment, client: ServerClient) -> Outcome | None:
+    """Serve the scripted model, in process, under each model server the environment itself calls.
+
+    An environment whose verifier asks a judge (``judge_model_server``) cannot be checked alone;
+    the scripted model with its shipped rules plays every such server, so the checks exercise the
+    verifier's real path to a model, deterministically and with no network. None when there are none.
+    """
+    names = sorted({name for _, kind, name in environment.resources.references() if kind == MODEL_KIND})
+    if not names:
+        return None
+    shipped = catalog.find_implementation_dir(MODEL_KIND, STUB_MODEL) / "configs" / f"{STUB_MODEL}.yaml"
+    spec = load_config([shipped]).by_kind(MODEL_KIND)[0]
+    for name in names:
+        model = build_server(replace(spec, name=name), client)
+        client.add_local(name, model.app, model.dispatch)
+    return PASS, f"{', '.join(names)}: played by {STUB_MODEL} with its shipped rules, in process"
 
 
 def _load_rows(environment: Environment, max_rows: int) -> tuple[list[dict[str, Any]], Outcome]:
