@@ -22,7 +22,7 @@ deserves the top reward; its function calls are replayed against the tools in th
 session before verify, so stateful environments see what a real rollout would have done. Without
 one the correct-rollout checks are skipped (and say how to enable them); the wrong rollouts are
 always checked. Tool arguments, valid and wrong, come from each tool's JSON Schema
-(``polygym.authoring.json_schema``).
+(``polygym.json_schema``).
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ from typing import Any
 
 import orjson
 
-from polygym.authoring.json_schema import (
+from polygym.authoring.probe import NOT_CALLED, Probe
+from polygym.authoring.report import FAIL, PASS, SKIP, WARN, CheckResult, EnvReport, Outcome
+from polygym.collect.dataset import check_row, read_rows
+from polygym.json_schema import (
     example_arguments,
     schema_problems,
     validation_errors,
     wrong_type_cases,
 )
-from polygym.authoring.probe import NOT_CALLED, Probe
-from polygym.authoring.report import FAIL, PASS, SKIP, WARN, CheckResult, EnvReport, Outcome
-from polygym.collect.dataset import check_row, read_rows
 from polygym.jsonl import count_rows
 from polygym.net.client import ServerClient
 from polygym.net.thread_server import StartupError, ThreadServer

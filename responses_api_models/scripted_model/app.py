@@ -8,7 +8,7 @@ expectations. It plays a policy, decided in this order (README.md documents each
    saying what to emit on each model call, including HTTP errors and delays;
 2. the first config **rule** whose tools are offered and whose regex matches the first user message;
 3. a **generic fallback** that calls each offered tool once with arguments made from its schema
-   (by ``polygym.authoring.json_schema``, the synthesizer ``gym env check`` uses: required properties only).
+   (by ``polygym.json_schema``, the synthesizer ``gym env check`` uses: required properties only).
 
 The server is stateless: the progress of an episode is read from the request ``input`` (the model
 turns since the last user message), so any number of rollouts can run at once, a retried request
@@ -37,9 +37,9 @@ from polygym import (
     message_item,
     new_response,
 )
-from polygym.authoring.json_schema import example_arguments
 from polygym.dialects import chat as chat_convert
 from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
+from polygym.json_schema import example_arguments
 from polygym.protocol import input_items
 from polygym.servers.base import validation_message
 

@@ -1,4 +1,4 @@
-"""polygym.authoring.json_schema: schema checks and validation (by jsonschema), and value synthesis."""
+"""polygym.json_schema: schema checks and validation (by jsonschema), and value synthesis."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from polygym.authoring.json_schema import (
+from polygym.json_schema import (
     MAX_WRONG_TYPE_CASES,
     example_arguments,
     lookup_ref,
