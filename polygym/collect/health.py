@@ -1,0 +1,254 @@
+"""Health of a run: rollouts that earned a reward but say something is wrong with the run itself.
+
+A mean reward hides the rollouts that should never have counted: a model that was never called
+(an agent bug), turns with neither text nor a tool call, completions of zero tokens, generation
+that ran into its token limit, tool calls whose arguments the tool's own schema rejects, a
+(task, repeat) written twice, a task that no repeat ever passes (often a broken row or verifier).
+Each is a *finding* on one rollout or one task, with its kind and a short detail.
+
+``HealthMonitor`` takes rollouts and failures one at a time, so the same code serves a finished
+run (``gym eval health-check RUN``) and collection in progress (rates per environment as rows
+arrive, and ``quarantine_reason`` once an environment's failure or unhealthy rate passes a
+threshold over enough rollouts). Task-level findings need every repeat, so ``finish`` adds them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from polygym.json_schema import validation_errors
+from polygym.row import PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward
+
+MODEL_ITEMS = frozenset({"message", "function_call", "reasoning"})
+"""Output item types the model writes (``function_call_output`` is the environment's)."""
+
+MODEL_NOT_CALLED = "model_not_called"
+HOLLOW_TURN = "hollow_turn"
+ZERO_TOKENS = "zero_token_completion"
+RUNAWAY = "runaway_generation"
+BAD_TOOL_ARGUMENTS = "tool_arguments_rejected"
+DUPLICATE = "duplicate_identity"
+NEVER_SOLVED = "task_never_solved"
+ALWAYS_FAILED = "task_always_failed"
+ROLLOUT_KINDS = (MODEL_NOT_CALLED, HOLLOW_TURN, ZERO_TOKENS, RUNAWAY, BAD_TOOL_ARGUMENTS, DUPLICATE)
+TASK_KINDS = (NEVER_SOLVED, ALWAYS_FAILED)
+
+DEFAULT_QUARANTINE_RATE = 0.5
+DEFAULT_QUARANTINE_MIN = 20
+
+
+@dataclass(frozen=True)
+class Finding:
+    env: str
+    kind: str
+    detail: str
+    task_index: int | None = None
+    rollout_index: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "kind": self.kind,
+            "detail": self.detail,
+            TASK_INDEX: self.task_index,
+            ROLLOUT_INDEX: self.rollout_index,
+        }
+
+
+def env_of(row: Mapping[str, Any]) -> str:
+    """The environment a rollout or failure belongs to: its agent's name."""
+    ref = row.get("agent_ref")
+    return str(ref.get("name", "?")) if isinstance(ref, dict) else "?"
+
+
+def model_turns(items: list[Any]) -> Iterator[list[dict[str, Any]]]:
+    """Runs of consecutive model-written items: one model call's output each."""
+    turn: list[dict[str, Any]] = []
+    for item in items:
+        if (
+            isinstance(item, dict)
+            and item.get("type", "message") in MODEL_ITEMS
+            and item.get("role") != "user"
+        ):
+            turn.append(item)
+        elif turn:
+            yield turn
+            turn = []
+    if turn:
+        yield turn
+
+
+def _has_text(item: dict[str, Any]) -> bool:
+    content = item.get("content")
+    if isinstance(content, str):
+        return bool(content.strip())
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and isinstance(p.get("text"), str) and p["text"].strip() for p in content
+    )
+
+
+def _offered_schemas(row: Mapping[str, Any]) -> dict[str, Any]:
+    params = row.get("responses_create_params")
+    tools = params.get("tools") if isinstance(params, dict) else None
+    return {
+        str(t.get("name")): t.get("parameters") or {"type": "object"}
+        for t in tools or []
+        if isinstance(t, dict) and t.get("type", "function") == "function"
+    }
+
+
+def _argument_problems(call: dict[str, Any], schemas: dict[str, Any]) -> str | None:
+    """Why the tool's schema rejects this call's arguments, or None (unknown tools are the agent's)."""
+    name = str(call.get("name", ""))
+    if name not in schemas:
+        return None
+    try:
+        arguments = orjson.loads(call.get("arguments") or "{}")
+    except orjson.JSONDecodeError:
+        return f"{name}: arguments are not JSON"
+    errors = validation_errors(arguments, schemas[name])
+    return f"{name}: {errors[0]}" if errors else None
+
+
+def _hollow(turn: list[dict[str, Any]]) -> bool:
+    """A turn with neither text nor a tool call (reasoning alone, an empty message)."""
+    return not any(
+        it.get("type") == "function_call" or (it.get("type", "message") == "message" and _has_text(it))
+        for it in turn
+    )
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def rollout_findings(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(kind, detail)`` for everything unhealthy in one verified rollout."""
+    response = _object(row.get("response"))
+    output = [it for it in response.get("output") or [] if isinstance(it, dict)]
+    turns = list(model_turns(output))
+    if not turns:
+        return [(MODEL_NOT_CALLED, "the response holds no item the model wrote")]
+    found: list[tuple[str, str]] = []
+    hollow = sum(map(_hollow, turns))
+    if hollow:
+        found.append((HOLLOW_TURN, f"{hollow} of {len(turns)} turn(s) with no text and no tool call"))
+    if _object(response.get("usage")).get("output_tokens") == 0:
+        found.append((ZERO_TOKENS, "usage.output_tokens is 0"))
+    if _object(response.get("incomplete_details")).get("reason") == "max_output_tokens":
+        found.append((RUNAWAY, "generation stopped at max_output_tokens"))
+    schemas = _offered_schemas(row)
+    calls = [it for it in output if it.get("type") == "function_call"]
+    rejected = [problem for call in calls if (problem := _argument_problems(call, schemas))]
+    if rejected:
+        found.append((BAD_TOOL_ARGUMENTS, f"{len(rejected)} call(s); first: {rejected[0]}"))
+    return found
+
+
+@dataclass
+class EnvHealth:
+    """Counts for one environment: rollouts seen, failures, rollouts with at least one finding."""
+
+    rollouts: int = 0
+    failures: int = 0
+    unhealthy: int = 0
+    kinds: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def seen(self) -> int:
+        return self.rollouts + self.failures
+
+    def rates(self) -> dict[str, float]:
+        seen = max(1, self.seen)
+        return {
+            "failure_rate": self.failures / seen,
+            "unhealthy_rate": self.unhealthy / max(1, self.rollouts),
+        }
+
+
+@dataclass
+class HealthMonitor:
+    """Findings and rates per environment, fed one rollout or failure at a time."""
+
+    quarantine_rate: float = DEFAULT_QUARANTINE_RATE
+    quarantine_min: int = DEFAULT_QUARANTINE_MIN
+    findings: list[Finding] = field(default_factory=list)
+    envs: dict[str, EnvHealth] = field(default_factory=lambda: defaultdict(EnvHealth))
+    _seen: set[tuple[str, Any, Any]] = field(default_factory=set)
+    _tasks: dict[tuple[str, Any], list[bool | None]] = field(default_factory=lambda: defaultdict(list))
+
+    def observe(self, row: Mapping[str, Any]) -> list[Finding]:
+        """Record one verified rollout; returns its findings."""
+        env, task, repeat = env_of(row), row.get(TASK_INDEX), row.get(ROLLOUT_INDEX)
+        kinds = rollout_findings(row)
+        if (env, task, repeat) in self._seen:
+            kinds.append((DUPLICATE, f"task {task} repeat {repeat} appears more than once"))
+        self._seen.add((env, task, repeat))
+        self._tasks[(env, task)].append(reward(row) >= PASS_THRESHOLD)
+        health = self.envs[env]
+        health.rollouts += 1
+        found = [Finding(env, kind, detail, task, repeat) for kind, detail in kinds]
+        if found:
+            health.unhealthy += 1
+            health.kinds.update(f.kind for f in found)
+        self.findings.extend(found)
+        return found
+
+    def observe_failure(self, failure: Mapping[str, Any]) -> None:
+        """Record one failed rollout (a ``_failures.jsonl`` record)."""
+        env = env_of(failure)
+        self.envs[env].failures += 1
+        self._tasks[(env, failure.get(TASK_INDEX))].append(None)
+
+    def quarantine_reason(self, env: str) -> str | None:
+        """Why ``env`` should stop (its failure or unhealthy rate over the threshold), or None."""
+        health = self.envs.get(env)
+        if health is None or health.seen < self.quarantine_min:
+            return None
+        for name, rate in health.rates().items():
+            if rate > self.quarantine_rate:
+                what = name.replace("_", " ")
+                return f"{what} {rate:.0%} over {health.seen} rollouts (threshold {self.quarantine_rate:.0%})"
+        return None
+
+    def finish(self) -> list[Finding]:
+        """Add the task-level findings (every repeat known); returns them."""
+        found = []
+        for (env, task), outcomes in self._tasks.items():
+            if len(outcomes) >= 2 and all(o is None for o in outcomes):
+                found.append(Finding(env, ALWAYS_FAILED, f"all {len(outcomes)} repeats failed", task))
+            elif len(outcomes) >= 2 and not any(outcomes):
+                found.append(Finding(env, NEVER_SOLVED, f"none of {len(outcomes)} repeats passed", task))
+        for finding in found:
+            self.envs[finding.env].kinds[finding.kind] += 1
+        self.findings.extend(found)
+        return found
+
+    def summary(self) -> dict[str, Any]:
+        """Per environment: counts, rates and findings by kind (what the report and metrics show)."""
+        return {
+            env: {
+                "rollouts": h.rollouts,
+                "failures": h.failures,
+                "unhealthy": h.unhealthy,
+                **h.rates(),
+                "findings": dict(sorted(h.kinds.items())),
+            }
+            for env, h in sorted(self.envs.items())
+        }
+
+
+def check_run(rollouts: Iterable[Mapping[str, Any]], failures: Iterable[Mapping[str, Any]]) -> HealthMonitor:
+    """The health of a finished run from its rollout and failure records."""
+    monitor = HealthMonitor()
+    for row in rollouts:
+        monitor.observe(row)
+    for failure in failures:
+        monitor.observe_failure(failure)
+    monitor.finish()
+    return monitor
