@@ -19,9 +19,9 @@ T = TypeVar("T")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
-ASGIApp = Callable[
-    [Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]
-]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 async def asgi_request(
@@ -51,10 +51,14 @@ async def asgi_request(
     sent = False
 
     async def receive() -> Message:
+        """The body once; after it, wait as a socket would until the client goes away. The caller
+        going away is its task being cancelled, which cancels this call too, so a server that
+        watches for ``http.disconnect`` must not see one while its caller still waits."""
         nonlocal sent
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.get_running_loop().create_future()
         return {"type": "http.disconnect"}
 
     status = 500

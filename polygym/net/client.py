@@ -3,7 +3,13 @@
 Every caller in the stack (agents, the collector, ``gym env status``) only knows server *names*;
 the head server's registry maps them to addresses. A name hosted in the caller's own process is
 called in-process (see ``asgi_transport``); anything else goes through one shared aiohttp session
-whose connection pool is sized to the caller's concurrency, so no hidden limit sits below it.
+whose connection pool is sized to the caller's concurrency (unlimited by default), so no hidden
+limit sits below it.
+
+Every failure comes out as a ``ServerCallError`` whose ``error_class`` names what really happened
+(``polygym.net.failure``): a callee's class from its failure header, else the transport's own
+(timeout, refused, reset mid-reply, reply too large, bad JSON). Retries share the call chain's
+budget (``polygym.net.budget``), and every body read is bounded (``polygym.net.body_limit``).
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ from typing import Any
 import aiohttp
 import orjson
 
+from polygym.net import budget, failure
 from polygym.net.asgi_transport import ASGIApp, asgi_request, in_own_context
+from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES, ResponseTooLarge, read_limited
 from polygym.net.retry import RetryPolicy
+from polygym.redact import redact_text
 from polygym.suggest import unknown_name_message
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -32,10 +41,15 @@ class ServerCallError(Exception):
     """A call that failed for good: after retries, or with a non-transient error status.
 
     ``status`` is None when no HTTP status came back (connection refused, reset, timeout);
-    ``error_class`` names the failure for ``_failures.jsonl`` (e.g. ``HTTP 500``, ``Timeout``).
+    ``error_class`` names the failure for ``_failures.jsonl``: one of ``polygym.net.failure``'s
+    classes (``Timeout``, ``RateLimited``, ...), or ``HTTP <status>`` for a callee's own error.
+
+    The target and message are redacted (``polygym.redact``): they end up in logs, replies and
+    ``_failures.jsonl``, and an upstream URL may carry a password.
     """
 
     def __init__(self, target: str, message: str, status: int | None = None, error_class: str = "") -> None:
+        target, message = redact_text(target), redact_text(message)
         super().__init__(f"{target}: {message}")
         self.target = target
         self.status = status
@@ -49,12 +63,31 @@ class UnknownServerError(ServerCallError):
 
 @dataclass
 class Reply:
+    """One HTTP reply; ``headers`` have lower-case names, ``source`` names the call in errors."""
+
     status: int
     body: bytes
     cookies: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    source: str = ""
 
     def json(self) -> Any:
-        return orjson.loads(self.body) if self.body else None
+        """The parsed body; a body that is not JSON is a ``BadJSON`` ServerCallError, so it is
+        recorded as what it is instead of as a crash of whoever read it."""
+        try:
+            return orjson.loads(self.body) if self.body else None
+        except orjson.JSONDecodeError as exc:
+            raise ServerCallError(
+                self.source or "reply",
+                f"reply is not valid JSON ({exc}); it starts {self.body[:200]!r}",
+                self.status,
+                failure.BAD_JSON,
+            ) from None
+
+    @property
+    def error_class(self) -> str:
+        """The class of this reply as a failure: the callee's own when it sent one."""
+        return failure.failure_class(self.headers) or f"HTTP {self.status}"
 
 
 def _json_headers(cookies: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
@@ -63,6 +96,10 @@ def _json_headers(cookies: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
     if cookies:
         headers.append((b"cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()).encode()))
     return headers
+
+
+def _header_dict(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    return {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in headers}
 
 
 def _cookies_from_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -89,11 +126,18 @@ class ServerClient:
     """Name-resolving JSON client shared by everything in one process."""
 
     def __init__(
-        self, head_url: str | None = None, pool_size: int = 1024, timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        head_url: str | None = None,
+        pool_size: int = 0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ):
+        """``pool_size``: connections at most (0: no limit, aiohttp's ``limit=0``);
+        ``max_body_bytes``: the largest reply body read, inflated (see ``body_limit``)."""
         self.head_url = head_url.rstrip("/") if head_url else None
         self.pool_size = pool_size
         self.timeout_s = timeout_s
+        self.max_body_bytes = max_body_bytes
         self._local: dict[str, ASGIApp] = {}
         self._dispatch: dict[str, Dispatch] = {}
         self._addresses: dict[str, str] = {}
@@ -147,72 +191,119 @@ class ServerClient:
         retry: RetryPolicy = DEFAULT_RETRY,
         method: str = "POST",
     ) -> Reply:
-        """Call ``path`` on server ``name``; raises ServerCallError unless the status is 2xx."""
+        """Call ``path`` on server ``name``; raises ServerCallError unless the status is 2xx.
+
+        The call carries what is left of the chain's budget to the callee (``budget``).
+        """
         body = b"" if payload is None else orjson.dumps(payload)
-        timeout = timeout_s or self.timeout_s
+        target = f"{name} {path}"
+
+        def forget() -> None:
+            self._addresses.pop(name, None)  # it may come back on another port
+
         reply = await self._with_retries(
-            f"{name} {path}",
-            lambda: self._send(name, method, path, body, cookies, timeout),
+            target,
+            lambda left: self._send(name, method, path, body, cookies, left),
             retry,
-            timeout,
-            on_connection_error=lambda: self._addresses.pop(name, None),  # it may come back on another port
+            timeout_s or self.timeout_s,
+            on_refused=forget,
         )
+        reply.source = target
         if not 200 <= reply.status < 300:
-            raise ServerCallError(f"{name} {path}", error_detail(reply.body), reply.status)
+            raise ServerCallError(target, error_detail(reply.body), reply.status, reply.error_class)
         return reply
 
     @staticmethod
     async def _with_retries(
         target: str,
-        send: Callable[[], Awaitable[Reply]],
+        send: Callable[[budget.CallBudget], Awaitable[Reply]],
         retry: RetryPolicy,
         timeout_s: float,
-        on_connection_error: Callable[[], object] | None = None,
+        on_refused: Callable[[], object] | None = None,
     ) -> Reply:
         """The one retry loop: ``send`` again after a failed connection or a transient status, with
-        the policy's backoff, up to its attempts; returns the last reply, whatever its status.
+        the policy's backoff (or the callee's ``Retry-After``), within the chain's budget; returns
+        the last reply, whatever its status.
 
-        A timeout is not retried: the callee may still be working on the request, and every
-        retry would wait the whole timeout again.
+        ``timeout_s`` bounds the whole call, retries and waits included, and the chain's deadline
+        bounds it further: an attempt gets the time left, and a wait that would pass the deadline
+        ends the loop with the reply in hand. A timeout is not retried (the callee may still be
+        working on it), nor a reply that is too large (it would be again), nor a failure the callee
+        marked final (it already spent the chain's retries). ``send`` gets the budget left for
+        that attempt, to hand on to the callee.
         """
-        for attempt in range(1, retry.attempts + 1):
-            if attempt > 1:
-                await asyncio.sleep(retry.delay(attempt - 1))
+        call = budget.current().narrowed(retry.attempts, timeout_s)
+        attempts, deadline = call.attempts or 1, call.deadline or 0.0
+        allowed_s = call.remaining_s()
+        for attempt in range(1, attempts + 1):
+            left = budget.CallBudget(attempts=attempts - attempt + 1, deadline=deadline)
+            if left.remaining_s() <= 0:
+                raise ServerCallError(target, "no time left in the caller's deadline", None, failure.TIMEOUT)
             try:
-                reply = await send()
+                reply = await send(left)
             except TimeoutError:
-                raise ServerCallError(target, f"no reply within {timeout_s:g}s", None, "Timeout") from None
-            except (aiohttp.ClientConnectionError, ConnectionError) as exc:
-                if on_connection_error is not None:
-                    on_connection_error()
-                if attempt < retry.attempts:
-                    continue
-                error = ServerCallError(target, f"connection failed: {exc}", None, type(exc).__name__)
-                raise error from exc
-            if not retry.should_retry_status(reply.status) or attempt == retry.attempts:
+                message = f"no reply within {allowed_s:.3g}s"
+                raise ServerCallError(target, message, None, failure.TIMEOUT) from None
+            except ResponseTooLarge as exc:
+                raise ServerCallError(target, str(exc), None, failure.RESPONSE_TOO_LARGE) from None
+            except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+                if on_refused is not None:
+                    on_refused()
+                error = ServerCallError(target, f"connection failed: {exc}", None, failure.CONNECTION_REFUSED)
+                if attempt == attempts or not await budget.pause(retry.delay(attempt), deadline):
+                    raise error from exc
+                continue
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+                error = ServerCallError(
+                    target, f"connection broke: {exc or type(exc).__name__}", None, failure.CONNECTION_RESET
+                )
+                if not retry.retry_after_send or attempt == attempts:
+                    raise error from exc
+                if not await budget.pause(retry.delay(attempt), deadline):
+                    raise error from exc
+                continue
+            final = failure.failure_class(reply.headers) is not None
+            if final or not retry.should_retry_status(reply.status) or attempt == attempts:
+                return reply
+            if not await budget.pause(retry.delay(attempt, reply.headers.get("retry-after")), deadline):
                 return reply
         raise AssertionError("RetryPolicy.attempts must be at least 1")
 
     async def _send(
-        self, name: str, method: str, path: str, body: bytes, cookies: dict[str, str] | None, timeout_s: float
+        self,
+        name: str,
+        method: str,
+        path: str,
+        body: bytes,
+        cookies: dict[str, str] | None,
+        left: budget.CallBudget,
     ) -> Reply:
+        timeout_s = left.remaining_s()
         if name in self._local:
             async with asyncio.timeout(timeout_s):
-                served = await in_own_context(self._serve_local(name, method, path, body, cookies))
-            return Reply(served[0], served[2], _cookies_from_headers(served[1]))
+                served = await in_own_context(self._serve_local(name, method, path, body, cookies, left))
+            return Reply(served[0], served[2], _cookies_from_headers(served[1]), _header_dict(served[1]))
         url = await self.resolve(name)
         headers = {k.decode(): v.decode() for k, v in _json_headers(cookies)}
-        return await self._http(method, url + path, body, headers, timeout_s)
+        return await self._http(method, url + path, body, {**headers, **left.headers()}, timeout_s)
 
     async def _serve_local(
-        self, name: str, method: str, path: str, body: bytes, cookies: dict[str, str] | None
+        self,
+        name: str,
+        method: str,
+        path: str,
+        body: bytes,
+        cookies: dict[str, str] | None,
+        left: budget.CallBudget,
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """A call to a server in this process: its ``dispatch`` serves JSON routes, its app the rest."""
-        dispatch = self._dispatch.get(name)
-        served = await dispatch(method, path, body, cookies or {}) if dispatch is not None else None
-        if served is not None:
-            return served
-        return await asgi_request(self._local[name], method, path, body, _json_headers(cookies))
+        """A call to a server in this process, inside the budget left (this runs in a task of its
+        own, so the budget is the callee's only): its ``dispatch`` serves JSON routes, its app the rest."""
+        with budget.within(left):
+            dispatch = self._dispatch.get(name)
+            served = await dispatch(method, path, body, cookies or {}) if dispatch is not None else None
+            if served is not None:
+                return served
+            return await asgi_request(self._local[name], method, path, body, _json_headers(cookies))
 
     async def request_url(
         self,
@@ -227,14 +318,19 @@ class ServerClient:
         """Call an absolute URL (an upstream model API, the head server); returns any status.
 
         Transient statuses and connection errors are retried; the final reply is returned as is
-        so that proxies can pass upstream errors back with their status and body.
+        so that proxies can pass upstream errors back with their status and body. The chain's
+        budget bounds the retries but is not sent: the other end is not a polygym server.
         """
         body = b"" if payload is None else orjson.dumps(payload)
         all_headers = {"content-type": "application/json", **(headers or {})}
-        timeout = timeout_s or self.timeout_s
-        return await self._with_retries(
-            url, lambda: self._http(method, url, body, all_headers, timeout), retry, timeout
+        reply = await self._with_retries(
+            url,
+            lambda left: self._http(method, url, body, all_headers, left.remaining_s()),
+            retry,
+            timeout_s or self.timeout_s,
         )
+        reply.source = url
+        return reply
 
     async def _http(
         self, method: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float
@@ -242,9 +338,9 @@ class ServerClient:
         session = self._http_session()
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with session.request(method, url, data=body or None, headers=headers, timeout=timeout) as resp:
-            data = await resp.read()
+            data = await read_limited(resp, self.max_body_bytes)
             cookies = {k: m.value for k, m in resp.cookies.items()}
-            return Reply(resp.status, data, cookies)
+            return Reply(resp.status, data, cookies, {k.lower(): v for k, v in resp.headers.items()})
 
     def _http_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

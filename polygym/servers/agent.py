@@ -8,8 +8,10 @@ its domain metrics.
 What every rollout does around the loop lives here, so that agents differ only in the loop: the row
 is checked before anything else (a 422 when it cannot be played), a session is seeded for it, the
 loop plays in that session (``play``, the one method a subclass must write), the result is verified,
-and the session is released in every case, failures included, so a long run leaks no state. Model
-calls carry the session cookie, so model servers can route a rollout's calls stickily.
+and the session is released in every case, failures included, so a long run leaks no state: also
+when the caller disconnects, which cancels the rollout (``polygym.servers.inbound``) so that no
+further model or tool call starts. Model calls carry the session cookie, so model servers can route
+a rollout's calls stickily.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.routing import Route
 
+from polygym.net import budget
 from polygym.net.client import ServerCallError
 from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, json_endpoint
@@ -108,8 +111,12 @@ class Agent(BaseServer[AgentConfigT]):
         return dict(reply.cookies)
 
     async def end_session(self, cookies: dict[str, str]) -> None:
-        """Release the rollout's session; best effort, since the rollout's outcome is already known."""
-        with contextlib.suppress(ServerCallError):
+        """Release the rollout's session; best effort, since the rollout's outcome is already known.
+
+        Outside the rollout's budget: this also runs after the caller gave up (its deadline passed,
+        or it disconnected and the rollout was cancelled), and the session must still be released.
+        """
+        with contextlib.suppress(ServerCallError), budget.within(budget.UNLIMITED):
             await self.client.call(
                 self.config.resources_server.name,
                 "/end_session",

@@ -4,7 +4,14 @@ Servers are plain ASGI apps with a uniform lifecycle so that any launcher backen
 (DESIGN §4). JSON endpoints are thin on purpose: one orjson parse, one pydantic validation where a
 model is declared, one orjson dump — the hot path of a rollout crosses several of them.
 Errors always come back as ``{"error": {"type", "message"}}`` with a 4xx for bad input and a 5xx
-for a failure inside the server, so a caller can record a clear failure instead of hanging.
+for a failure inside the server, so a caller can record a clear failure instead of hanging. A call
+to another server that failed for good (a ``ServerCallError`` out of a handler) answers 502 (504 on
+a timeout) with its real class in ``failure.FAILURE_HEADER``, so the class reaches the collector
+unchanged and no caller retries what this server's client already retried.
+
+Every request runs inside the budget its caller sent (``polygym.net.budget``) and behind
+``InboundGuard`` (bounded body, cancelled when the caller disconnects). ``GET /`` serves
+``health()`` with secrets masked: a subclass adding a config field cannot leak a key through it.
 """
 
 from __future__ import annotations
@@ -22,11 +29,15 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.applications import Starlette
 from starlette.datastructures import State
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from polygym.net.client import ServerClient
+from polygym.net import budget, failure
+from polygym.net.client import ServerCallError, ServerClient
+from polygym.redact import mask_secrets
+from polygym.servers.inbound import InboundGuard
 
 logger = logging.getLogger("polygym.servers.base")
 
@@ -41,13 +52,18 @@ class ServerConfig(BaseModel):
 
 
 class HTTPError(Exception):
-    """Raise from a handler to answer with ``status`` and a clear message (e.g. a 404)."""
+    """Raise from a handler to answer with ``status`` and a clear message (e.g. a 404).
 
-    def __init__(self, status: int, message: str, error_type: str = "") -> None:
+    ``error_class`` (a ``polygym.net.failure`` class) marks a final failure of something this
+    server called (an upstream API), for callers to record and not retry.
+    """
+
+    def __init__(self, status: int, message: str, error_type: str = "", error_class: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type or ("bad_request" if status < 500 else "server_error")
+        self.error_class = error_class
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -56,11 +72,22 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
 
 
-def error_response(status: int, error_type: str, message: str, details: Any = None) -> Response:
+def error_response(
+    status: int, error_type: str, message: str, details: Any = None, error_class: str = ""
+) -> Response:
+    """A polygym error body; with ``error_class``, marked as that final failure class."""
     error: dict[str, Any] = {"type": error_type, "message": message}
     if details is not None:
         error["details"] = details
-    return json_response({"error": error}, status)
+    headers = failure.failure_headers(error_class) if error_class else None
+    return json_response({"error": error}, status, headers)
+
+
+def call_failure_response(exc: ServerCallError) -> Response:
+    """The answer of a server whose call to another failed for good: 504 for a timeout, else 502,
+    with the real class, so the collector records it and nobody retries it again."""
+    status = 504 if exc.error_class == failure.TIMEOUT else 502
+    return error_response(status, exc.error_class, str(exc), error_class=exc.error_class)
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -97,7 +124,8 @@ class JsonEndpoint:
         self.model = model
 
     async def handle_request(self, request: Request) -> Response:
-        return await self.respond(await request.body(), request)
+        with budget.within(budget.from_headers(request.headers)):
+            return await self.respond(await request.body(), request)
 
     async def respond(self, raw: bytes, request: Any) -> Response:
         try:
@@ -111,7 +139,10 @@ class JsonEndpoint:
         try:
             result = await self.handler(body, request)
         except HTTPError as exc:
-            return error_response(exc.status, exc.error_type, exc.message)
+            return error_response(exc.status, exc.error_type, exc.message, error_class=exc.error_class)
+        except ServerCallError as exc:
+            logger.warning("%s: %s (%s)", request.url.path, exc, exc.error_class)
+            return call_failure_response(exc)
         except ValidationError as exc:
             logger.exception("%s: invalid data produced by the handler", request.url.path)
             return error_response(500, "ValidationError", validation_message(exc))
@@ -196,7 +227,9 @@ class BaseServer(Generic[ConfigT]):
                 if isinstance(endpoint := getattr(route.endpoint, "__self__", None), JsonEndpoint)
                 for method in route.methods or ()
             }
-            self._app = Starlette(routes=routes, lifespan=self._lifespan)
+            self._app = Starlette(
+                routes=routes, lifespan=self._lifespan, middleware=[Middleware(InboundGuard)]
+            )
         return self._app
 
     async def dispatch(
@@ -216,11 +249,11 @@ class BaseServer(Generic[ConfigT]):
         """Called once when the server stops; override to release resources."""
 
     async def health(self) -> dict[str, Any]:
-        """Liveness payload of ``GET /``; subclasses add counters worth watching."""
+        """Liveness payload of ``GET /``; subclasses add counters worth watching (served masked)."""
         return {"status": "ok", "name": self.name, "kind": self.kind, "pid": os.getpid()}
 
     async def _liveness(self, request: Request) -> Response:
-        return json_response(await self.health())
+        return json_response(mask_secrets(await self.health()))
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:

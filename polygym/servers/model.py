@@ -14,9 +14,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from polygym.net.client import ServerClient
+from polygym.net import budget, failure
+from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
+from polygym.net.client import Reply, ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import MODEL_KIND
+from polygym.redact import redact_text
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, json_endpoint, json_response
 from polygym.servers.sessions import SESSION_COOKIE
 
@@ -26,12 +29,15 @@ _session_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("polygy
 class UpstreamConfig(ServerConfig):
     """Settings of a model server that forwards to upstream HTTP APIs (openai_model, vllm_model).
 
-    Every upstream call has a timeout and bounded, jittered retries; the pool is sized so no
-    hidden limit sits below the collector's concurrency.
+    Every upstream call has a timeout and bounded, jittered retries within the caller's budget;
+    the pool follows the stack's concurrency unless set, so no hidden limit sits below the
+    collector's; every reply body is bounded (``max_response_bytes``, inflated size).
     """
 
     timeout_s: float = Field(default=600.0, gt=0)
-    pool_size: int = Field(default=1024, ge=1)
+    pool_size: int | None = Field(default=None, ge=0)
+    """Connections to the upstreams; unset: the stack's pool (its concurrency, or no limit); 0: no limit."""
+    max_response_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1)
     max_attempts: int = Field(default=4, ge=1)
     """Attempts per call, the first included (so 3 retries by default)."""
     retry_base_delay_s: float = Field(default=0.5, ge=0)
@@ -44,8 +50,40 @@ class UpstreamConfig(ServerConfig):
             max_delay_s=self.retry_max_delay_s,
         )
 
-    def upstream_client(self) -> ServerClient:
-        return ServerClient(pool_size=self.pool_size, timeout_s=self.timeout_s)
+    def upstream_client(self, stack_pool_size: int) -> ServerClient:
+        """The upstream client; ``stack_pool_size`` is the pool of the server's stack client."""
+        return ServerClient(
+            pool_size=stack_pool_size if self.pool_size is None else self.pool_size,
+            timeout_s=self.timeout_s,
+            max_body_bytes=self.max_response_bytes,
+        )
+
+
+def upstream_failure(exc: ServerCallError, url: str, policy: RetryPolicy) -> HTTPError:
+    """The answer to a call whose upstream failed for good, with its class (final for callers)."""
+    shown = redact_text(url)
+    if exc.error_class == failure.TIMEOUT:
+        message = f"upstream model API {shown} did not answer: {exc.detail}"
+        return HTTPError(504, message, "upstream_timeout", failure.TIMEOUT)
+    if exc.error_class == failure.RESPONSE_TOO_LARGE:
+        return HTTPError(
+            502, f"upstream model API {shown}: {exc.detail}", "upstream_response_too_large", exc.error_class
+        )
+    attempts = min(policy.attempts, budget.current().attempts or policy.attempts)
+    return HTTPError(
+        502,
+        f"cannot reach upstream model API {shown} after {attempts} attempt(s): {exc.detail}",
+        "upstream_unreachable",
+        exc.error_class,
+    )
+
+
+def relay(reply: Reply) -> Response:
+    """An upstream reply passed on unchanged; an error status is marked final with its class."""
+    headers = None
+    if reply.status >= 400:
+        headers = failure.failure_headers(failure.upstream_status_class(reply.status))
+    return Response(reply.body, status_code=reply.status, media_type="application/json", headers=headers)
 
 
 ModelConfigT = TypeVar("ModelConfigT", bound=ServerConfig)

@@ -41,7 +41,7 @@ from polygym.servers.episodic import (
 )
 
 # A step changes state: retry only when the request provably never arrived.
-STEP_RETRY = RetryPolicy(attempts=3, retry_statuses=frozenset({429, 503}))
+STEP_RETRY = RetryPolicy(attempts=3, retry_statuses=frozenset({429, 503}), retry_after_send=False)
 
 
 class GymnasiumAgentConfig(AgentConfig):

@@ -20,7 +20,7 @@ from polygym.protocol import input_items, sum_usage
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # A tool call may change state, so only retry when the request provably never arrived.
-TOOL_RETRY = RetryPolicy(attempts=3, retry_statuses=frozenset({429, 503}))
+TOOL_RETRY = RetryPolicy(attempts=3, retry_statuses=frozenset({429, 503}), retry_after_send=False)
 
 
 class SimpleAgentConfig(AgentConfig):

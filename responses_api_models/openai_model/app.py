@@ -8,12 +8,15 @@ Choices, and why:
 - The reply body is passed through as bytes, never re-parsed: responses can be large and this hop
   sits on every model call of every rollout.
 - Upstream errors come back with the upstream status and body unchanged, so callers see exactly what
-  the provider said (rate limits, context-length errors) and classify failures by status.
+  the provider said (rate limits, context-length errors), plus the failure header with its class
+  (``RateLimited``, ``Upstream5xx``, ...) that tells polygym callers not to retry it again.
 - Every call has a timeout (``timeout_s``) and bounded retries with backoff on connection errors and
-  transient statuses (429, 502, 503, 504, 408); a 500 or 4xx is answered at once. When the upstream
-  cannot be reached at all the caller gets a 502 naming the URL; on a timeout, a 504.
-- Upstream calls use their own connection pool of ``pool_size`` connections (closed at shutdown),
-  sized for the provider rather than for calls between polygym servers.
+  transient statuses (429, 502, 503, 504, 408), honouring ``Retry-After`` (capped) and the
+  caller's budget; a 500 or 4xx is answered at once. When the upstream cannot be reached the
+  caller gets a 502 naming the URL (password masked) and the class; on a timeout, a 504; a reply
+  over ``max_response_bytes`` is a 502 ``ResponseTooLarge``.
+- Upstream calls use their own connection pool (closed at shutdown); unless ``pool_size`` is set it
+  is as large as the stack's, so it never caps the collector's concurrency.
 - Streaming is refused with a clear 400: rollouts need whole responses, and a half-forwarded stream
   could not be retried.
 """
@@ -25,7 +28,7 @@ from typing import Any
 from starlette.responses import Response
 
 from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig
-from polygym.servers.base import error_response
+from polygym.servers.model import relay, upstream_failure
 
 
 class Config(UpstreamConfig):
@@ -41,7 +44,7 @@ class OpenAIModel(ModelServer[Config]):
         super().__init__(*args, **kwargs)
         self.base_url = self.config.openai_base_url.rstrip("/")
         self.retry = self.config.retry_policy()
-        self.upstream = self.config.upstream_client()
+        self.upstream = self.config.upstream_client(self.client.pool_size)
 
     @property
     def model_name(self) -> str:
@@ -75,15 +78,5 @@ class OpenAIModel(ModelServer[Config]):
                 "POST", url, payload, headers=headers, timeout_s=self.config.timeout_s, retry=self.retry
             )
         except ServerCallError as exc:
-            if exc.error_class == "Timeout":
-                return error_response(
-                    504,
-                    "upstream_timeout",
-                    f"upstream model API {url} did not answer within {self.config.timeout_s:g}s",
-                )
-            return error_response(
-                502,
-                "upstream_unreachable",
-                f"cannot reach upstream model API {url} after {self.retry.attempts} attempt(s): {exc.detail}",
-            )
-        return Response(reply.body, status_code=reply.status, media_type="application/json")
+            raise upstream_failure(exc, url, self.retry) from None
+        return relay(reply)

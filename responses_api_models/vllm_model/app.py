@@ -11,10 +11,13 @@ Choices, and why:
   a system prompt shared by every task, which would send all of them to one server). Rendezvous
   hashing spreads keys evenly; an upstream that refuses connections is skipped for a cool-down and
   the call goes to the key's next-ranked upstream at once, without a backoff sleep.
-- **Bounded retries, one timeout**: connection errors fail over as above; 408/429/502/503/504 are
-  retried on the same upstream (it is up, only busy) with exponential backoff and jitter, at most
-  ``max_attempts`` rounds; a call that runs past ``timeout_s`` is not retried (it has spent its
-  budget) and comes back as a 504. Other upstream errors come back with their status and body.
+- **Bounded retries, one timeout**: connection errors (refused, or reset mid-reply) fail over as
+  above; 408/429/502/503/504 are retried on the same upstream (it is up, only busy) with
+  exponential backoff and jitter, or after its ``Retry-After`` (capped), at most ``max_attempts``
+  rounds and never more than the caller's budget allows (``polygym.net.budget``); ``timeout_s``
+  bounds the whole call, and a call past it comes back as a 504. Other upstream errors come back
+  with their status and body. Every failure carries its class in the failure header (``RateLimited``,
+  ``ConnectionReset``, ``BadJSON``, ``ResponseTooLarge``, ...), final for polygym callers.
 - **Context length is an outcome, not a crash**: a 400 saying the prompt and ``max_tokens`` do not
   fit is first answered by retrying once with ``max_tokens`` shrunk to the room left (when the error
   says how much that is); if the prompt itself does not fit, the reply is a Responses object with
@@ -32,7 +35,6 @@ Choices, and why:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from typing import Any
@@ -43,9 +45,12 @@ from starlette.responses import Response
 
 from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig, new_response
 from polygym.dialects import chat as chat_convert
+from polygym.net import budget, failure
 from polygym.net.client import Reply
 from polygym.net.retry import NO_RETRY
 from polygym.protocol import input_items
+from polygym.redact import redact_text
+from polygym.servers.model import relay, upstream_failure
 from responses_api_models.vllm_model.routing import UpstreamPool, content_key
 
 logger = logging.getLogger("polygym.vllm_model")
@@ -232,7 +237,7 @@ class VLLMModel(ModelServer[Config]):
         super().__init__(*args, **kwargs)
         self.pool = UpstreamPool(self.config.base_url, self.config.down_cooldown_s)
         self.retry = self.config.retry_policy()
-        self.upstream = self.config.upstream_client()
+        self.upstream = self.config.upstream_client(self.client.pool_size)
         self.headers = {"accept": "application/json"}
         if self.config.api_key:
             self.headers["authorization"] = f"Bearer {self.config.api_key}"
@@ -273,7 +278,7 @@ class VLLMModel(ModelServer[Config]):
         if overflow is not None:
             return self._overflow_response(body, overflow[0])
         if reply.status != 200:
-            return Response(reply.body, status_code=reply.status, media_type="application/json")
+            return relay(reply)
         completion = _completion(reply, url)
         response = chat_convert.chat_completion_to_response(
             completion,
@@ -288,8 +293,8 @@ class VLLMModel(ModelServer[Config]):
             except TokenCaptureError as exc:
                 raise HTTPError(
                     502,
-                    f"token-id capture is on but upstream {url}: {exc}. It needs an upstream that "
-                    "honours return_token_ids and logprobs (vLLM 0.10.2 or newer); set "
+                    f"token-id capture is on but upstream {redact_text(url)}: {exc}. It needs an "
+                    "upstream that honours return_token_ids and logprobs (vLLM 0.10.2 or newer); set "
                     "return_token_ids: false to run without token ids",
                     "upstream_token_ids_missing",
                 ) from None
@@ -343,7 +348,7 @@ class VLLMModel(ModelServer[Config]):
             _ask_for_tokens(payload)
         key = self._key() or content_key([_opening(messages)])
         reply, _ = await self._post("/chat/completions", payload, key)
-        return Response(reply.body, status_code=reply.status, media_type="application/json")
+        return relay(reply)
 
     # -- upstream calls ------------------------------------------------------------------------
     @staticmethod
@@ -353,21 +358,30 @@ class VLLMModel(ModelServer[Config]):
 
     async def _post(self, path: str, payload: dict[str, Any], key: str) -> tuple[Reply, str]:
         """POST to the key's upstream, failing over and retrying as the module docstring says."""
+        call = budget.current().narrowed(self.retry.attempts, self.config.timeout_s)
+        rounds, deadline = call.attempts or 1, call.deadline or 0.0
+        with budget.within(budget.CallBudget(deadline=deadline)):
+            return await self._post_rounds(path, payload, key, rounds, deadline)
+
+    async def _post_rounds(
+        self, path: str, payload: dict[str, Any], key: str, rounds: int, deadline: float
+    ) -> tuple[Reply, str]:
         ranking = self.pool.ranking(key)
         failed: set[str] = set()
         errors: list[str] = []
+        last_class = failure.CONNECTION_REFUSED
         attempt = 1
         while True:
             url = self.pool.pick(ranking, failed)
             if url is None:  # every upstream refused this round
-                if attempt >= self.retry.attempts:
+                if attempt >= rounds or not await budget.pause(self.retry.delay(attempt), deadline):
                     reasons = "; ".join(errors[-len(ranking) :])
                     raise HTTPError(
                         502,
                         f"cannot reach any upstream after {attempt} round(s): {reasons}",
                         "upstream_unreachable",
+                        last_class,
                     )
-                await asyncio.sleep(self.retry.delay(attempt))
                 attempt += 1
                 failed.clear()
                 continue
@@ -381,23 +395,20 @@ class VLLMModel(ModelServer[Config]):
                     retry=NO_RETRY,
                 )
             except ServerCallError as exc:
-                if exc.error_class == "Timeout":
-                    raise HTTPError(
-                        504,
-                        f"upstream {url}{path} did not answer within {self.config.timeout_s:g}s",
-                        "upstream_timeout",
-                    ) from None
-                logger.warning("upstream %s unreachable (%s); passing it over", url, exc.detail)
+                if exc.error_class in (failure.TIMEOUT, failure.RESPONSE_TOO_LARGE):
+                    raise upstream_failure(exc, url + path, self.retry) from None
+                logger.warning("upstream %s unreachable (%s); passing it over", redact_text(url), exc.detail)
                 self.pool.mark_down(url)
                 failed.add(url)
-                errors.append(f"{url}: {exc.detail}")
+                errors.append(f"{redact_text(url)}: {exc.detail}")
+                last_class = exc.error_class
                 continue
             self.pool.mark_up(url)
-            if self.retry.should_retry_status(reply.status) and attempt < self.retry.attempts:
-                await asyncio.sleep(self.retry.delay(attempt))
-                attempt += 1
-                continue
-            return reply, url
+            if not self.retry.should_retry_status(reply.status) or attempt >= rounds:
+                return reply, url
+            if not await budget.pause(self.retry.delay(attempt, reply.headers.get("retry-after")), deadline):
+                return reply, url
+            attempt += 1
 
 
 def _ask_for_tokens(payload: dict[str, Any]) -> None:
@@ -416,13 +427,14 @@ def _refuse_stream(body: dict[str, Any]) -> None:
 
 def _completion(reply: Reply, url: str) -> dict[str, Any]:
     try:
-        data = reply.json()
+        data = orjson.loads(reply.body)
     except orjson.JSONDecodeError:
         data = None
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
         raise HTTPError(
             502,
-            f"upstream {url} did not answer with a chat completion: {reply.body[:300]!r}",
+            f"upstream {redact_text(url)} did not answer with a chat completion: {reply.body[:300]!r}",
             "upstream_bad_reply",
+            failure.BAD_JSON,
         )
     return data

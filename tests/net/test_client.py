@@ -2,6 +2,7 @@
 
 import asyncio
 import contextvars
+import time
 
 import pytest
 from starlette.applications import Starlette
@@ -9,10 +10,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from polygym.net import budget
 from polygym.net.client import ServerCallError, ServerClient, UnknownServerError
 from polygym.net.listen import AppServer, bind_socket
 from polygym.net.retry import RetryPolicy
 from polygym.stack.head import Registry, head_app
+from tests.net.fake_upstream import FakeUpstream, cut_reply, reply
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.001, max_delay_s=0.01)
 CURRENT = contextvars.ContextVar("current", default="caller")
@@ -157,3 +160,148 @@ async def test_in_process_calls_run_in_their_own_context() -> None:
     await client.call("s", "/x", {})
     await client.call("s", "/direct", {})
     assert seen == ["rollout 7", "rollout 7"] and CURRENT.get() == "rollout 7"
+
+
+# -- failure classes, resets, Retry-After and the call chain's budget (#13.6, #13.8) ----------------
+
+
+async def test_a_reset_mid_body_is_retried() -> None:
+    async with FakeUpstream([cut_reply(), reply(200, b'{"ok": true}')]) as upstream:
+        client = ServerClient()
+        try:
+            got = await client.request_url("POST", upstream.url + "/x", {}, retry=FAST)
+        finally:
+            await client.close()
+    assert got.json() == {"ok": True}
+    assert len(upstream.requests) == 2
+
+
+async def test_a_reset_that_persists_is_a_connection_reset_after_the_attempts() -> None:
+    async with FakeUpstream([cut_reply()]) as upstream:
+        client = ServerClient()
+        client.set_address("s", upstream.url)
+        try:
+            with pytest.raises(ServerCallError) as caught:
+                await client.call("s", "/x", {}, retry=FAST)
+        finally:
+            await client.close()
+    assert (caught.value.error_class, caught.value.status) == ("ConnectionReset", None)
+    assert len(upstream.requests) == FAST.attempts
+
+
+async def test_a_state_changing_call_is_not_resent_after_a_reset() -> None:
+    """The request arrived (the reply was cut): sending it again could apply it twice."""
+    once = RetryPolicy(attempts=3, base_delay_s=0.001, retry_after_send=False)
+    async with FakeUpstream([cut_reply()]) as upstream:
+        client = ServerClient()
+        try:
+            with pytest.raises(ServerCallError) as caught:
+                await client.request_url("POST", upstream.url + "/x", {}, retry=once)
+        finally:
+            await client.close()
+    assert caught.value.error_class == "ConnectionReset"
+    assert len(upstream.requests) == 1
+
+
+async def test_a_refused_connection_is_classed_as_such() -> None:
+    sock = bind_socket()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    client = ServerClient()
+    try:
+        with pytest.raises(ServerCallError) as caught:
+            await client.request_url("POST", url + "/x", {}, retry=FAST)
+    finally:
+        await client.close()
+    assert caught.value.error_class == "ConnectionRefused"
+
+
+async def test_a_retry_after_past_the_deadline_ends_the_call_with_the_reply_in_hand() -> None:
+    """The upstream asks for 20 s; the call has 2 s: no sleeping into a deadline it cannot meet."""
+    slow_down = reply(429, b'{"error": "slow down"}', {"Retry-After": "20"})
+    async with FakeUpstream([slow_down]) as upstream:
+        client = ServerClient()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            got = await client.request_url("POST", upstream.url + "/x", {}, timeout_s=2, retry=FAST)
+        finally:
+            await client.close()
+    assert got.status == 429 and loop.time() - began < 1.5
+    assert len(upstream.requests) == 1
+
+
+async def test_a_failure_the_callee_marked_final_is_not_retried() -> None:
+    """A polygym server already spent the chain's retries on it; its class is kept."""
+    final = reply(
+        502, b'{"error": {"type": "RateLimited", "message": "m"}}', {"x-polygym-failure": "RateLimited"}
+    )
+    async with FakeUpstream([final]) as upstream:
+        client = ServerClient()
+        client.set_address("agent", upstream.url)
+        try:
+            with pytest.raises(ServerCallError) as caught:
+                await client.call("agent", "/run", {}, retry=FAST)
+        finally:
+            await client.close()
+    assert (caught.value.status, caught.value.error_class) == (502, "RateLimited")
+    assert len(upstream.requests) == 1
+
+
+async def test_an_odd_failure_header_is_ignored() -> None:
+    odd = reply(500, b"{}", {"x-polygym-failure": "\x1b[31mred"})
+    async with FakeUpstream([odd]) as upstream:
+        client = ServerClient()
+        client.set_address("s", upstream.url)
+        try:
+            with pytest.raises(ServerCallError) as caught:
+                await client.call("s", "/x", {}, retry=FAST)
+        finally:
+            await client.close()
+    assert caught.value.error_class == "HTTP 500"
+
+
+async def test_a_reply_that_is_not_json_is_bad_json() -> None:
+    async with FakeUpstream([reply(200, b"<html>oops</html>")]) as upstream:
+        client = ServerClient()
+        client.set_address("s", upstream.url)
+        try:
+            got = await client.call("s", "/x", {})
+            with pytest.raises(ServerCallError) as caught:
+                got.json()
+        finally:
+            await client.close()
+    assert caught.value.error_class == "BadJSON" and "s /x" in str(caught.value)
+
+
+async def test_calls_carry_what_is_left_of_the_chain_budget() -> None:
+    """A call made while serving a request sends the smaller of its own and its caller's budget."""
+    async with FakeUpstream([reply(503, b"{}"), reply(200)]) as upstream:
+        client = ServerClient()
+        client.set_address("s", upstream.url)
+        try:
+            with budget.within(budget.CallBudget(attempts=2, deadline=time.monotonic() + 5)):
+                await client.call(
+                    "s", "/x", {}, timeout_s=60, retry=RetryPolicy(attempts=4, base_delay_s=0.001)
+                )
+        finally:
+            await client.close()
+    sent = [
+        (r.headers["x-polygym-attempts"], float(r.headers["x-polygym-deadline-s"])) for r in upstream.requests
+    ]
+    assert [attempts for attempts, _ in sent] == ["2", "1"]
+    assert all(0 < seconds <= 5 for _, seconds in sent)
+
+
+async def test_the_chain_budget_caps_the_attempts() -> None:
+    async with FakeUpstream([reply(503, b"{}")]) as upstream:
+        client = ServerClient()
+        try:
+            with budget.within(budget.CallBudget(attempts=2)):
+                got = await client.request_url("POST", upstream.url + "/x", {}, retry=FAST)
+        finally:
+            await client.close()
+    assert got.status == 503 and len(upstream.requests) == 2
+    assert not any(
+        k.startswith("x-polygym") for r in upstream.requests for k in r.headers
+    )  # not a polygym server

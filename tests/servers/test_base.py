@@ -1,11 +1,16 @@
 """The server bases: the config class comes from the generic parameter, stated once per subclass."""
 
+from typing import Any
+
+import orjson
 import pytest
 from pydantic import ValidationError
 
+from polygym.net.asgi_transport import asgi_request
 from polygym.servers.agent import Agent, AgentConfig
 from polygym.servers.base import BaseServer, ServerConfig
 from polygym.servers.episodic import EpisodicConfig, EpisodicServer
+from polygym.servers.inbound import InboundGuard
 from polygym.servers.model import ModelServer
 from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
 
@@ -51,3 +56,36 @@ def test_a_parameter_that_is_not_a_server_config_is_refused() -> None:
 
         class Wrong(ResourcesServer[int]):  # type: ignore[type-var]
             pass
+
+
+class Chatty(BaseServer):
+    """A server whose liveness payload shows its whole config, secrets included."""
+
+    async def health(self) -> dict[str, Any]:
+        return {**await super().health(), "config": self.config.model_dump()}
+
+
+async def test_liveness_never_serves_a_secret() -> None:
+    config = {"openai_api_key": "sk-live-abcdefghijklmnop", "base_url": "http://u:hunter2-pass@h:8000/v1"}
+    server = Chatty("chatty", config)
+    status, _, body = await asgi_request(server.app, "GET", "/")
+    assert status == 200
+    shown = orjson.loads(body)["config"]
+    assert shown["openai_api_key"] == "****"
+    assert shown["base_url"] == "http://u:****@h:8000/v1"
+    assert b"sk-live" not in body and b"hunter2" not in body
+
+
+async def test_a_request_body_over_the_limit_is_refused_before_the_handler_runs() -> None:
+    seen: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    guarded = InboundGuard(app, max_body_bytes=100)
+    status, _, body = await asgi_request(guarded, "POST", "/x", b"x" * 101)
+    assert status == 413 and b"request body over 100 bytes" in body
+    status, _, _ = await asgi_request(guarded, "POST", "/x", b"x" * 100)
+    assert status == 200 and seen == [b"x" * 100]

@@ -174,7 +174,9 @@ async def test_bad_rows_are_4xx_and_release_their_session(stack):
 async def test_model_failure_fails_the_rollout_and_releases_the_session(stack):
     with pytest.raises(ServerCallError) as err:
         await run(stack, TOOL_AGENT, row([{"error": 400, "message": "scripted failure"}]))
-    assert err.value.status == 500 and "scripted failure" in err.value.detail
+    # a call the agent made failed: a 502 carrying the model server's answer as the class
+    assert err.value.status == 502 and "scripted failure" in err.value.detail
+    assert err.value.error_class == "HTTP 400"
     assert await active_sessions(stack.client) == 0
 
 

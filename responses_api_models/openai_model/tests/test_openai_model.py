@@ -292,5 +292,22 @@ def test_config_requires_upstream_fields() -> None:
     assert "openai_base_url" in str(caught.value)
     assert "openai_model" in str(caught.value)
     server = OpenAIModel("policy_model", {"openai_base_url": "http://h/v1", "openai_model": "m"})
-    assert (server.config.timeout_s, server.config.pool_size) == (600.0, 1024)
-    assert server.upstream.pool_size == 1024
+    assert (server.config.timeout_s, server.config.pool_size) == (600.0, None)
+
+
+@pytest.mark.parametrize(
+    ("stack_pool", "configured", "upstream_pool"), [(3000, None, 3000), (0, None, 0), (3000, 16, 16)]
+)
+def test_upstream_pool_follows_the_stack_unless_set(
+    stack_pool: int, configured: int | None, upstream_pool: int
+) -> None:
+    """No hidden cap: unset, the upstream pool is the stack's (its concurrency; 0 = no limit)."""
+    config = {"openai_base_url": "http://h/v1", "openai_model": "m", "pool_size": configured}
+    server = OpenAIModel("policy_model", config, ServerClient(pool_size=stack_pool))
+    assert server.upstream.pool_size == upstream_pool
+    assert (
+        OpenAIModel(
+            "policy_model", {"openai_base_url": "http://h/v1", "openai_model": "m"}
+        ).upstream.pool_size
+        == 0
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from polygym.stack.config import load_config
 from responses_api_models.scripted_model.app import ScriptedModel
 from responses_api_models.vllm_model.app import VLLMModel, context_overflow, token_fields
 from responses_api_models.vllm_model.routing import UpstreamPool
+from tests.net.fake_upstream import Answer, FakeUpstream, cut_reply, gzip_bomb, reply
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "configs" / "vllm_model.yaml"
 
@@ -337,6 +339,56 @@ async def test_all_upstreams_down_is_a_clear_502(servers: list[AppServer], raw: 
     assert error["type"] == "upstream_unreachable"
     assert "2 round(s)" in error["message"]
     assert all(url in error["message"] for url in urls)
+
+
+async def test_an_upstream_password_never_shows(
+    servers: list[AppServer], raw: ServerClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A base_url with ``user:password@`` is masked in the log, the 502 and ``GET /``, and the
+    failure keeps its class (the request provably never arrived)."""
+    url = dead_url().replace("http://", "http://policy:hunter2-very-secret@")
+    proxy = await serve_model(servers, **config(url, max_attempts=1, api_key=""))
+    with caplog.at_level(logging.WARNING, logger="polygym.vllm_model"):
+        reply = await post(raw, proxy, "/v1/responses", {"input": "hi"})
+    health = await raw.request_url("GET", proxy.url + "/", retry=NO_RETRY)
+    assert reply.status == 502 and reply.headers["x-polygym-failure"] == "ConnectionRefused"
+    assert "unreachable" in caplog.text and "policy:****@" in caplog.text
+    for shown in (caplog.text, reply.body.decode(), health.body.decode()):
+        assert "hunter2-very-secret" not in shown
+
+
+@pytest.mark.parametrize(
+    ("answers", "status", "error_class", "requests"),
+    [
+        ([cut_reply(), reply(200, json.dumps(completion()).encode())], 200, None, 2),
+        (
+            [reply(429, b"{}", {"Retry-After": "0"}), reply(200, json.dumps(completion()).encode())],
+            200,
+            None,
+            2,
+        ),
+        ([cut_reply()], 502, "ConnectionReset", 3),
+        ([reply(503, b"{}")], 503, "Upstream5xx", 3),
+        ([gzip_bomb(8 << 20)], 502, "ResponseTooLarge", 1),
+        ([reply(200, b"not json")], 502, "BadJSON", 1),
+    ],
+    ids=["reset-then-ok", "429-then-ok", "reset", "503", "gzip-bomb", "bad-json"],
+)
+async def test_upstream_failures_are_retried_within_bounds_and_classed(
+    servers: list[AppServer],
+    raw: ServerClient,
+    answers: list[Answer],
+    status: int,
+    error_class: str | None,
+    requests: int,
+) -> None:
+    async with FakeUpstream(answers) as upstream:
+        cfg = config(upstream.url + "/v1", max_attempts=3, down_cooldown_s=0, max_response_bytes=1 << 20)
+        proxy = await serve_model(servers, **cfg)
+        reply_ = await post(raw, proxy, "/v1/responses", {"input": "hi"})
+    assert reply_.status == status
+    assert reply_.headers.get("x-polygym-failure") == error_class
+    assert len(upstream.requests) == requests
 
 
 def test_rendezvous_ranking_is_stable_and_minimal_on_change() -> None:
