@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from polygym.collect.dataset import Row, agent_of, check_row, read_rows
+from polygym.collect.dataset import Row, agent_of, check_row, file_problem, read_rows
 from polygym.servers.base import body_model
 from polygym.stack.config import ConfigError
 from polygym.stack.environment import Environment, all_environments, load_server_class
@@ -155,8 +155,9 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
     stats: dict[str, EnvStats] = {}
     total = 0
     for path in paths:
-        if not path.is_file():
-            problems.append(f"{path}: no such file")
+        unreadable = file_problem(path)
+        if unreadable is not None:
+            problems.append(unreadable)
             continue
         rows = read_rows(path, problems)
         if not rows:

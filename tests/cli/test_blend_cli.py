@@ -50,8 +50,6 @@ def jq_recipe(path: Path) -> bytes:
     return out
 
 
-
-
 @pytest.fixture
 def spec(tmp_path: Path) -> Path:
     path = tmp_path / "blend.yaml"
