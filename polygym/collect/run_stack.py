@@ -64,11 +64,15 @@ def identity_of(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def read_identity(client: ServerClient) -> dict[str, Any] | None:
-    """The identity of the stack ``client`` reaches; None when it has no head server to ask."""
+    """The identity of the stack ``client`` reaches; None when there is no head server to ask or
+    it serves no config."""
     if client.head_url is None:
         return None
     reply = await client.request_url("GET", f"{client.head_url}/config", timeout_s=30.0)
-    config = reply.json() if reply.status == 200 else None
+    try:
+        config = reply.json() if reply.status == 200 else None
+    except ValueError:  # a head that serves no JSON config (not a polygym head): nothing to compare
+        config = None
     return identity_of(config) if isinstance(config, dict) else None
 
 

@@ -16,9 +16,11 @@ from typing import Any
 import orjson
 import pytest
 
+from polygym.blend.mix import load_blend
+from polygym.blend.spec import spec_from_flags
 from polygym.collect.rollouts import Limits, collect
 from polygym.collect.run_files import RunFiles, read_record
-from polygym.jsonl import iter_jsonl
+from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.row import make_job
 from polygym.stack import records as stacks
 from polygym.stack.catalog import selector_paths
@@ -91,7 +93,8 @@ def test_resume_refuses_another_policy_unless_told(tmp_path: Path) -> None:
 
 def test_a_dead_server_is_named_stops_only_its_environment_and_fails_the_run(tmp_path: Path) -> None:
     """Before the watch, the dead environment's remaining rollouts failed one by one and the run exited 0."""
-    data = mixed_input(tmp_path / "in.jsonl")
+    data = tmp_path / "in.jsonl"
+    write_jsonl(load_blend(spec_from_flags(ENVS)).ordered("shuffled"), data)  # both keep having work
     args = [*SERVE, "--backend", "subprocess", "--input", str(data), "--output", "out.jsonl"]
     args += ["--num-repeats", "30", "--concurrency", "4", f"{LATENCY}=10"]
     out = tmp_path / "out.jsonl"
@@ -102,6 +105,7 @@ def test_a_dead_server_is_named_stops_only_its_environment_and_fails_the_run(tmp
         victim = next(s for s in record["servers"] if s["name"] == "example_multi_step")
         assert wait_until(lambda: out.exists() and len(keys(out)) >= 10, 60)
         os.kill(victim["pid"], signal.SIGKILL)
+        single_before = Counter(r["agent_ref"]["name"] for r in iter_jsonl(out))[f"{ENVS[0]}_simple_agent"]
         _, stderr = finish(run)
     finally:
         if run.poll() is None:
@@ -110,7 +114,7 @@ def test_a_dead_server_is_named_stops_only_its_environment_and_fails_the_run(tmp
     named = f"server 'example_multi_step' (pid {victim['pid']}) killed by signal 9"
     assert f"server 'example_multi_step' died during the run: {named}" in " ".join(stderr.split())
     done = Counter(r["agent_ref"]["name"] for r in iter_jsonl(out))
-    assert done[f"{ENVS[0]}_simple_agent"] == 150  # the other environment went on
+    assert single_before < done[f"{ENVS[0]}_simple_agent"] == 150  # the other environment went on
     failures = list(iter_jsonl(RunFiles(out).failures))
     assert {f["agent_ref"]["name"] for f in failures} == {f"{ENVS[1]}_simple_agent"}
     assert done[f"{ENVS[1]}_simple_agent"] + len(failures) == 150
