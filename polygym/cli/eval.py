@@ -146,13 +146,14 @@ POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
     "num_repeats",
     multiple=True,
     metavar="N|AGENT=N",
-    help="Rollouts per row (repeatable; AGENT=N for one agent).",
+    help=f"Rollouts per row, at most {MAX_NUM_REPEATS:,} (repeatable; AGENT=N for one agent).",
 )
 @click.option(
     "--concurrency",
     multiple=True,
     metavar="N|AGENT=N",
-    help=f"Rollouts in flight [default: {DEFAULT_CONCURRENCY}]; AGENT=N caps one agent.",
+    help=f"Rollouts in flight [default: {DEFAULT_CONCURRENCY}, at most {MAX_CONCURRENCY:,}]; "
+    "AGENT=N caps one agent.",
 )
 @click.option(
     "--timeout",
@@ -160,7 +161,7 @@ POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
     type=POSITIVE_SECONDS,
     default=DEFAULT_TIMEOUT_S,
     show_default=True,
-    help="Seconds per rollout.",
+    help="Seconds per rollout, retries included; a rollout still running then is cancelled.",
 )
 @click.option("--resume", is_flag=True, help="Finish an interrupted run: only the missing rollouts.")
 @click.option(
