@@ -89,7 +89,9 @@ async def measure(
     args: argparse.Namespace, concurrency: int, latency_ms: float, state: Path
 ) -> dict[str, Any]:
     jobs_path = mixed_input(state / "input.jsonl")
-    jobs = load_jobs(jobs_path, AGENTS, options=Materialization(num_repeats=max(1, args.rollouts // 10)))
+    jobs = list(
+        load_jobs(jobs_path, AGENTS, options=Materialization(num_repeats=max(1, args.rollouts // 10)))
+    )
     upstream = None
     external: list[GymStack] = []
     if args.via == "openai":

@@ -18,7 +18,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from polygym.collect.dataset import Row, agent_of, check_row, read_rows
+from polygym.collect.dataset import Row, agent_of, check_row, file_problem, read_rows
+from polygym.collect.sampling import SAMPLING_FIELDS
 from polygym.servers.base import body_model
 from polygym.stack.config import ConfigError
 from polygym.stack.environment import Environment, all_environments, load_server_class
@@ -27,6 +28,9 @@ from polygym.suggest import unknown_name_message
 ROLLOUT_FIELDS = frozenset({"response"})
 """Verify-request fields a rollout adds; a dataset row never carries them."""
 CHARS_PER_TOKEN = 4
+
+CHECKED_PARAMS = frozenset({"input", "tools", *SAMPLING_FIELDS})
+"""Fields of ``responses_create_params`` that ``dataset.check_row`` checks (reported once, by it)."""
 
 
 @dataclass
@@ -70,8 +74,8 @@ def check_verifier_fields(row: Row, verifier: Verifier, problems: list[str]) -> 
             loc = tuple(err.get("loc", ()))
             if not loc or loc[0] in ROLLOUT_FIELDS:
                 continue
-            if loc[0] == "responses_create_params" and (len(loc) < 2 or loc[1] in ("input", "tools")):
-                continue  # shape problems already reported by dataset.check_row
+            if loc[0] == "responses_create_params" and (len(loc) < 2 or loc[1] in CHECKED_PARAMS):
+                continue  # shape and sampling problems already reported by dataset.check_row
             key = ".".join(str(p) for p in loc)
             if err.get("type") == "missing":
                 problems.append(f"{row.where}: {key}: missing (required by the {verifier.env} verifier)")
@@ -155,8 +159,9 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
     stats: dict[str, EnvStats] = {}
     total = 0
     for path in paths:
-        if not path.is_file():
-            problems.append(f"{path}: no such file")
+        unreadable = file_problem(path)
+        if unreadable is not None:
+            problems.append(unreadable)
             continue
         rows = read_rows(path, problems)
         if not rows:

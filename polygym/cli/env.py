@@ -80,7 +80,7 @@ def pool_label(pool_size: Any) -> str:
 @click.option("--head-host", default="127.0.0.1", show_default=True, help="Address of the head server.")
 @click.option(
     "--head-port",
-    type=int,
+    type=click.IntRange(0, 65535),
     default=None,
     help="Port of the head server [default: 11000, or any free port if taken].",
 )

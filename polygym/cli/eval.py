@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import sys
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,15 +33,19 @@ from polygym.cli.base import (
 from polygym.cli.compare import compare_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
-from polygym.collect.dataset import DatasetError, Materialization, load_jobs
+from polygym.collect.dataset import DatasetError, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
-from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, Limits
+from polygym.collect.job_plan import MAX_NUM_REPEATS, JobPlan, Materialization
+from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, MAX_CONCURRENCY, Limits
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
+from polygym.collect.sampling import sampling_problems
+from polygym.collect.stack_watch import SERVER_DIED, StackHealth
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.row import Job
+from polygym.protocol import AGENT_KIND
+from polygym.redact import redact_argv
 from polygym.stack import records as stacks
-from polygym.stack.config import ConfigError
-from polygym.stack.launcher import BACKENDS, LaunchError
+from polygym.stack.config import ConfigError, StackConfig
+from polygym.stack.launcher import BACKENDS, LaunchError, Stack, SubprocessBackend
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
 
@@ -52,8 +58,9 @@ def eval_group() -> None:
 eval_group.add_command(compare_command, name="compare")
 
 
-def parse_per_agent(values: tuple[str, ...], flag: str) -> tuple[int | None, dict[str, int]]:
-    """``N`` sets the default, ``AGENT=N`` overrides it for one agent (both repeatable)."""
+def parse_per_agent(values: tuple[str, ...], flag: str, maximum: int) -> tuple[int | None, dict[str, int]]:
+    """``N`` sets the default, ``AGENT=N`` overrides it for one agent (both repeatable); each N is
+    1..``maximum``."""
     default: int | None = None
     per_agent: dict[str, int] = {}
     for value in values:
@@ -62,8 +69,8 @@ def parse_per_agent(values: tuple[str, ...], flag: str) -> tuple[int | None, dic
             parsed = int(number)
         except ValueError:
             raise click.BadParameter(f"'{value}' is not N or AGENT=N", param_hint=flag) from None
-        if parsed < 1:
-            raise click.BadParameter(f"'{value}' must be at least 1", param_hint=flag)
+        if not 1 <= parsed <= maximum:
+            raise click.BadParameter(f"'{value}' must be from 1 to {maximum}", param_hint=flag)
         if sep:
             per_agent[name] = parsed
         else:
@@ -88,9 +95,20 @@ def discover_head(head_url: str | None) -> str:
     return running[0]["head_url"]
 
 
-def resume_command() -> str:
-    args = [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")]
-    return shlex.join(["gym", *args, "--resume"])
+MASKED_NOTE = "(secret values masked: pass them again)"
+
+
+def resume_command(argv: Sequence[str] | None = None) -> str:
+    """The command that finishes this run, safe to print: secret option values are masked, and the
+    hint says so, since a masked value must be typed again for the command to work."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--resume", "--overwrite")]
+    shown = redact_argv(words)
+    command = shlex.join(["gym", *shown, "--resume"])
+    return f"{command} {MASKED_NOTE}" if shown != words else command
+
+
+POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
+"""Seconds that must be more than zero: a zero timeout cannot be honoured, and must not mean a default."""
 
 
 @eval_group.command("run")
@@ -114,7 +132,7 @@ def resume_command() -> str:
 @click.option(
     "--step-timeout",
     "step_timeout_s",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=None,
     help="Seconds per step with --blend; unfinished rollouts are recorded as stragglers.",
 )
@@ -128,25 +146,36 @@ def resume_command() -> str:
     "num_repeats",
     multiple=True,
     metavar="N|AGENT=N",
-    help="Rollouts per row (repeatable; AGENT=N for one agent).",
+    help=f"Rollouts per row, at most {MAX_NUM_REPEATS:,} (repeatable; AGENT=N for one agent).",
 )
 @click.option(
     "--concurrency",
     multiple=True,
     metavar="N|AGENT=N",
-    help=f"Rollouts in flight [default: {DEFAULT_CONCURRENCY}]; AGENT=N caps one agent.",
+    help=f"Rollouts in flight [default: {DEFAULT_CONCURRENCY}, at most {MAX_CONCURRENCY:,}]; "
+    "AGENT=N caps one agent.",
 )
 @click.option(
     "--timeout",
     "timeout_s",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=DEFAULT_TIMEOUT_S,
     show_default=True,
-    help="Seconds per rollout.",
+    help="Seconds per rollout, retries included; a rollout still running then is cancelled.",
 )
 @click.option("--resume", is_flag=True, help="Finish an interrupted run: only the missing rollouts.")
+@click.option(
+    "--allow-stack-change",
+    is_flag=True,
+    help="With --resume: continue even if the policy or environments differ from the run's (recorded).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace existing output files.")
-@click.option("--max-failures", type=int, default=None, help="Exit 1 when more rollouts than this fail.")
+@click.option(
+    "--max-failures",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Exit 1 when more rollouts than this fail.",
+)
 @click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")
 @click.option("--head-url", default=None, help="Head server of the running stack (with --no-serve).")
 @click.option("--backend", type=click.Choice(sorted(BACKENDS)), default="inline", show_default=True)
@@ -156,7 +185,7 @@ def resume_command() -> str:
 @click.option("--seed", type=int, default=None, help="Sampling seed; repeat r of a row uses SEED + r.")
 @click.option(
     "--progress-interval",
-    type=float,
+    type=POSITIVE_SECONDS,
     default=10.0,
     show_default=True,
     help="Seconds between progress lines when not on a terminal.",
@@ -202,6 +231,7 @@ NOT_WITH_BLEND = {
     "limit": f"{_NOT_WITH} the spec's prompts_per_step and --steps set how many rows are used",
     "agent": f"{_NOT_WITH} the spec names each environment's agent",
     "progress_interval": f"{_NOT_WITH} one line is printed per finished step",
+    "allow_stack_change": f"{_NOT_WITH} step-wise runs check their steps, not their stack",
 }
 """Options of ``gym eval run`` that only mean something for ``--input``, and why."""
 BLEND_ONLY = {name: "only applies with --blend SPEC" for name in ("steps", "start_step", "step_timeout_s")}
@@ -224,6 +254,8 @@ class EvalRunSettings:
     """``--concurrency`` (global and per agent) and ``--timeout`` per rollout."""
     resume: bool = False
     overwrite: bool = False
+    allow_stack_change: bool = False
+    """With ``resume``: continue against a stack whose policy or environments changed (recorded)."""
     max_failures: int | None = None
     """Exit 1 when more rollouts than this fail (with ``--blend`` stragglers count as failed)."""
     input: Path | None = None
@@ -243,15 +275,18 @@ class EvalRunSettings:
     @classmethod
     def from_options(cls, opts: dict[str, Any]) -> EvalRunSettings:
         """Parse click's options (``N|AGENT=N`` values included); exits 2 on a bad value."""
-        repeats, repeats_by_agent = parse_per_agent(opts["num_repeats"], "--num-repeats")
-        concurrency, per_agent = parse_per_agent(opts["concurrency"], "--concurrency")
+        repeats, repeats_by_agent = parse_per_agent(opts["num_repeats"], "--num-repeats", MAX_NUM_REPEATS)
+        concurrency, per_agent = parse_per_agent(opts["concurrency"], "--concurrency", MAX_CONCURRENCY)
         sampling = {key: opts[key] for key in SAMPLING_OPTIONS if opts[key] is not None}
+        for key, problem in sampling_problems(sampling):
+            raise click.BadParameter(problem, param_hint=f"--{key.replace('_', '-')}")
         return cls(
             output=opts["output_path"],
             materialization=Materialization(repeats or 1, repeats_by_agent, sampling, opts["seed"]),
             limits=Limits(concurrency or DEFAULT_CONCURRENCY, per_agent, opts["timeout_s"]),
             resume=opts["resume"],
             overwrite=opts["overwrite"],
+            allow_stack_change=opts["allow_stack_change"],
             max_failures=opts["max_failures"],
             input=opts["input_path"],
             agent=opts["agent"],
@@ -285,7 +320,7 @@ def stack_target(opts: dict[str, Any], spec: BlendSpec | None = None) -> StackTa
     return StackTarget(config, backend=opts["backend"])
 
 
-def _load(settings: EvalRunSettings, agents: list[str]) -> list[Job]:
+def _load(settings: EvalRunSettings, agents: list[str]) -> JobPlan:
     assert settings.input is not None
     materialization = settings.materialization
     default_agent = settings.agent
@@ -294,21 +329,64 @@ def _load(settings: EvalRunSettings, agents: list[str]) -> list[Job]:
     if default_agent is None and len(agents) == 1:
         default_agent = agents[0]
     try:
-        jobs = load_jobs(settings.input, agents, default_agent, settings.limit, materialization)
+        plan = load_jobs(settings.input, agents, default_agent, settings.limit, materialization)
     except DatasetError as exc:
         fail(str(exc), EXIT_USAGE)
-    for agent in sorted({j.agent for j in jobs} | set(materialization.repeats_by_agent)):
+    for agent in sorted(plan.agents() | set(materialization.repeats_by_agent)):
         if agent not in agents:
             fail(unknown_name_message("agent", agent, agents), EXIT_USAGE)
-    return jobs
+    return plan
+
+
+def server_needs(config: StackConfig) -> dict[str, set[str]]:
+    """Agent -> every server its rollouts go through: its references, followed transitively."""
+    needs: dict[str, set[str]] = {}
+    for agent in config.by_kind(AGENT_KIND):
+        seen = {agent.name}
+        todo = [agent.name]
+        while todo:
+            for _, _, name in config.servers[todo.pop()].references():
+                if name in config.servers and name not in seen:
+                    seen.add(name)
+                    todo.append(name)
+        needs[agent.name] = seen
+    return needs
+
+
+def server_deaths(stack: Stack) -> list[Awaitable[tuple[str, str]]]:
+    """One awaitable per server death the stack can report: each child process of a subprocess
+    stack on its own (so a second death is seen too); an inline stack's first stopped server."""
+    backend = stack.backend
+    if isinstance(backend, SubprocessBackend):
+        return [_exit_of(backend, name, proc) for name, proc in backend.procs.items()]
+    return [_first_failure(stack)]
+
+
+async def _exit_of(
+    backend: SubprocessBackend, name: str, proc: asyncio.subprocess.Process
+) -> tuple[str, str]:
+    return name, backend.describe_death(name, await proc.wait())
+
+
+async def _first_failure(stack: Stack) -> tuple[str, str]:
+    failure = await stack.wait_failure()
+    return failure.name, failure.message
 
 
 async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
     try:
         async with StackSession(target, settings.limits.concurrency) as session:
-            jobs = _load(settings, session.agents)
+            plan = _load(settings, session.agents)
             client = await session.connect()
-            return await _collect(client, jobs, settings)
+            if session.stack is None or target.config is None:
+                return await _collect(client, plan, settings, None)
+            health = StackHealth(server_needs(target.config))
+            watch = asyncio.ensure_future(health.watch(server_deaths(session.stack)))
+            try:
+                return await _collect(client, plan, settings, health)
+            finally:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
     except (LaunchError, ConfigError, RunFileError) as exc:
         console(stderr=True).print("[red]error:[/]", escape(str(exc)))
         return EXIT_USAGE if isinstance(exc, RunFileError | ConfigError) else EXIT_FAILURE
@@ -317,16 +395,20 @@ async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
         return EXIT_FAILURE
 
 
-async def _collect(client: ServerClient, jobs: list[Job], settings: EvalRunSettings) -> int:
+async def _collect(
+    client: ServerClient, plan: JobPlan, settings: EvalRunSettings, health: StackHealth | None
+) -> int:
     files = RunFiles(settings.output)
     work = run_eval(
         client,
-        jobs,
+        plan,
         files,
         settings.limits,
         settings.resume,
         settings.overwrite,
         settings.progress_interval_s,
+        settings.allow_stack_change,
+        health,
     )
     try:
         summary = await until_interrupted(work)
@@ -334,12 +416,26 @@ async def _collect(client: ServerClient, jobs: list[Job], settings: EvalRunSetti
         _print_interrupted(files)
         return EXIT_INTERRUPTED
     _print_summary(files, summary)
+    if health is not None and health.dead:
+        _print_deaths(health, summary)
+        return EXIT_FAILURE
     if settings.max_failures is not None and summary.failed > settings.max_failures:
         console(stderr=True).print(
             f"[red]error:[/] {summary.failed} rollouts failed (--max-failures {settings.max_failures})"
         )
         return EXIT_FAILURE
     return 0
+
+
+def _print_deaths(health: StackHealth, summary: RunSummary) -> None:
+    err = console(stderr=True)
+    for name, how in health.dead.items():
+        err.print(f"[red]error:[/] server '{escape(name)}' died during the run:", escape(how))
+    stopped = sorted(agent for agent in health.needs if health.blocker(agent) is not None)
+    err.print(
+        f"{summary.failures_by_class.get(SERVER_DIED, 0)} rollouts of {', '.join(stopped)} were not run "
+        f"({SERVER_DIED} in the failures file); the other environments finished."
+    )
 
 
 def _print_interrupted(files: RunFiles) -> None:

@@ -2,24 +2,24 @@
 
 Validation runs before anything is sent, over the whole file, so a typo on line 9,000 is found in
 a second rather than after an hour of collection; each problem reads ``file:line: field: problem``.
-Materialization turns rows into jobs with NeMo Gym's indices: identical rows share a
-``_ng_task_index`` (so pass@k groups them), and ``num_repeats`` expands each row consecutively
-(aabbcc), each repeat with its own ``_ng_rollout_index``.
+The rows that pass become a ``JobPlan`` (``polygym.collect.job_plan``): rows x repeats with NeMo
+Gym's indices, expanded one job at a time as the collector takes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from polygym.collect.job_plan import JobPlan, Materialization
+from polygym.collect.sampling import sampling_problems
 from polygym.errors import DatasetError
 from polygym.jsonl import numbered_lines
 from polygym.protocol import AGENT_KIND
-from polygym.row import INDEX_FIELDS, Job, make_job
 from polygym.suggest import unknown_name_message
 
 INPUT_ITEM_KEYS = ("role", "type")
@@ -38,9 +38,22 @@ class Row:
         return f"{self.path}:{self.line}"
 
 
+def file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a dataset (missing, or a folder), or None."""
+    if path.is_dir():
+        return f"{path}: is a directory, not a JSONL file"
+    if not path.is_file():
+        return f"{path}: no such file"
+    return None
+
+
 def read_rows(path: Path, problems: list[str], limit: int | None = None) -> list[Row]:
     """Parse a JSONL file; blank lines are skipped, unparsable lines become problems."""
     rows: list[Row] = []
+    unreadable = file_problem(path)
+    if unreadable is not None:
+        problems.append(unreadable)
+        return rows
     for number, raw in numbered_lines(path):
         if limit is not None and len(rows) >= limit:
             break
@@ -95,6 +108,8 @@ def check_row(row: Row, problems: list[str]) -> None:
         _check_input(row.where, params["input"], problems)
     if "tools" in params:
         _check_tools(row.where, params["tools"], problems)
+    for name, problem in sampling_problems(params):
+        problems.append(f"{row.where}: responses_create_params.{name}: {problem}")
 
 
 def agent_of(row: Row, default_agent: str | None, agents: Iterable[str], problems: list[str]) -> str | None:
@@ -120,58 +135,25 @@ def agent_of(row: Row, default_agent: str | None, agents: Iterable[str], problem
     return ref["name"]
 
 
-@dataclass
-class Materialization:
-    """Options that turn rows into jobs; the same options always give the same jobs."""
-
-    num_repeats: int = 1
-    repeats_by_agent: dict[str, int] = field(default_factory=dict)
-    sampling: dict[str, Any] = field(default_factory=dict)
-    seed: int | None = None
-
-    def repeats(self, agent: str) -> int:
-        return self.repeats_by_agent.get(agent, self.num_repeats)
-
-
-def _canonical(data: dict[str, Any]) -> bytes:
-    clean = {k: v for k, v in data.items() if k not in INDEX_FIELDS}
-    return orjson.dumps(clean, option=orjson.OPT_SORT_KEYS)
-
-
-def materialize(rows: list[tuple[Row, str]], options: Materialization) -> Iterator[Job]:
-    """Jobs for (row, agent) pairs: shared task index for identical rows, repeats consecutive."""
-    task_ids: dict[bytes, int] = {}
-    next_rollout: dict[int, int] = {}
-    for row, agent in rows:
-        canonical = _canonical(row.data)
-        task = task_ids.setdefault(canonical, len(task_ids))
-        for _ in range(options.repeats(agent)):
-            rollout = next_rollout.get(task, 0)
-            next_rollout[task] = rollout + 1
-            yield make_job(row.data, agent, task, rollout, options.sampling, options.seed)
-
-
 def load_jobs(
     path: Path,
     agents: Iterable[str],
     default_agent: str | None = None,
     limit: int | None = None,
     options: Materialization | None = None,
-) -> list[Job]:
-    """Read, validate and materialize a dataset; raises DatasetError listing every bad row."""
+) -> JobPlan:
+    """Read and validate a dataset, and plan its jobs; raises DatasetError listing every bad row."""
     problems: list[str] = []
-    if not path.is_file():
-        raise DatasetError([f"{path}: no such file"])
     known = list(agents)
     rows = read_rows(path, problems, limit)
-    routed: list[tuple[Row, str]] = []
+    routed: list[tuple[dict[str, Any], str]] = []
     for row in rows:
         check_row(row, problems)
         agent = agent_of(row, default_agent, known, problems)
         if agent is not None:
-            routed.append((row, agent))
+            routed.append((row.data, agent))
     if not rows and not problems:
         problems.append(f"{path}: no rows")
     if problems:
         raise DatasetError(problems)
-    return list(materialize(routed, options or Materialization()))
+    return JobPlan.from_rows(routed, options or Materialization())

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from polygym import metrics
+from polygym.collect.job_plan import JobPlan
 from polygym.collect.progress import Progress
-from polygym.collect.rollouts import Limits, collect
+from polygym.collect.rollouts import Limits, Result, collect
 from polygym.collect.run_files import RolloutWriter, RunFiles, done_keys, prepare
-from polygym.jsonl import encode_jsonl, iter_jsonl
+from polygym.collect.run_lock import RunLock
+from polygym.collect.run_stack import check_stack, read_identity
+from polygym.collect.stack_watch import StackHealth
+from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
 from polygym.row import Job
@@ -99,39 +104,66 @@ async def write_aggregate_metrics(
 
 async def run_eval(
     client: ServerClient,
-    jobs: list[Job],
+    jobs: JobPlan | Sequence[Job],
     files: RunFiles,
     limits: Limits,
     resume: bool = False,
     overwrite: bool = False,
     progress_interval_s: float = 10.0,
+    allow_stack_change: bool = False,
+    health: StackHealth | None = None,
 ) -> RunSummary:
-    """Collect every job not yet done into ``files``; cancellation leaves a resumable run."""
-    prepare(files, resume, overwrite, materialized=encode_jsonl(job.row for job in jobs))
-    done = done_keys(files.output) & {job.key for job in jobs} if resume else set()
-    todo = [job for job in jobs if job.key not in done]
-    summary = RunSummary(total=len(jobs), skipped=len(done))
-    totals = Counter(job.agent for job in jobs)
-    already = Counter(job.agent for job in jobs if job.key in done)
-    with (
-        RolloutWriter(files) as writer,
-        Progress(dict(totals), dict(already), progress_interval_s) as progress,
-    ):
-        try:
-            async for result in collect(todo, client, limits):
-                summary.latencies[result.job.agent].append(result.latency_s)
-                if result.ok:
-                    assert result.rollout is not None
-                    writer.rollout(result.rollout)
-                    summary.succeeded += 1
-                else:
-                    assert result.failure is not None
-                    writer.failure(result.failure)
-                    summary.failed += 1
-                    summary.failures_by_class[result.failure["error_class"]] += 1
-                progress.update(result)
-        except BaseException:
-            summary.interrupted = True
-            raise
-    await write_aggregate_metrics(files, client, summary)
+    """Collect every job not yet done into ``files``; cancellation leaves a resumable run.
+
+    The output is locked for the whole run (``RunLock``: a second run on it is refused), the stack
+    is recorded and, on resume, checked against the recorded one (``run_stack``), and jobs are
+    expanded one at a time: each is appended to the materialized inputs as it is dispatched, so
+    neither memory nor that file grows before the rollouts do.
+    """
+    plan = jobs if isinstance(jobs, JobPlan) else JobPlan.from_jobs(jobs)
+    with RunLock(files):
+        prepare(files, resume, overwrite, fingerprint=plan.fingerprint())
+        check_stack(files, await read_identity(client), allow_stack_change)
+        done = {key for key in done_keys(files.output) if plan.agent_of(key) is not None} if resume else set()
+        summary = RunSummary(total=len(plan), skipped=len(done))
+        already = Counter(plan.agent_of(key) or "?" for key in done)
+        with (
+            RolloutWriter(files) as writer,
+            JsonlAppender(files.materialized) as inputs,
+            Progress(dict(plan.totals()), dict(already), progress_interval_s) as progress,
+        ):
+            todo = _dispatch(plan, done, inputs, count_rows(files.materialized) if resume else 0)
+            try:
+                async for result in collect(todo, client, limits, health):
+                    _record(result, writer, summary)
+                    progress.update(result)
+            except BaseException:
+                summary.interrupted = True
+                raise
+        await write_aggregate_metrics(files, client, summary)
     return summary
+
+
+def _dispatch(
+    plan: JobPlan, done: set[tuple[int, int]], inputs: JsonlAppender, written: int
+) -> Iterator[Job]:
+    """The jobs still to run, in plan order; each job past the ``written`` already in the
+    materialized inputs is appended there as the collector takes it."""
+    for index, job in enumerate(plan):
+        if index >= written:
+            inputs.write(job.row)
+        if job.key not in done:
+            yield job
+
+
+def _record(result: Result, writer: RolloutWriter, summary: RunSummary) -> None:
+    summary.latencies[result.job.agent].append(result.latency_s)
+    if result.ok:
+        assert result.rollout is not None
+        writer.rollout(result.rollout)
+        summary.succeeded += 1
+    else:
+        assert result.failure is not None
+        writer.failure(result.failure)
+        summary.failed += 1
+        summary.failures_by_class[result.failure["error_class"]] += 1

@@ -8,6 +8,13 @@ one broken environment must not stop the others.
 
 An agent whose server is unreachable is marked down after one rollout exhausts its retries; its
 next rollouts then fail after a single attempt instead of a full backoff each, until one succeeds.
+With a ``StackHealth`` (a stack whose servers are watched), an agent that needs a dead server is
+not called at all: its rollouts are recorded as ``ServerDied`` at once, and the others go on.
+
+``timeout_s`` bounds a whole rollout, retries and backoff included: when it passes, the call is
+cancelled (which closes its connection to the agent, so the agent's server can stop the rollout
+and release its session) and the rollout is recorded as a ``Timeout`` failure. A per-attempt
+timeout alone let a rollout retried after 5xx replies run for several times ``--timeout``.
 """
 
 from __future__ import annotations
@@ -19,13 +26,17 @@ from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from polygym.collect.stack_watch import SERVER_DIED, StackHealth
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
 from polygym.row import ROLLOUT_INDEX, TASK_INDEX, Job
 
 DEFAULT_CONCURRENCY = 64
+MAX_CONCURRENCY = 16_384
+"""One task per slot is created up front; beyond this, a typo costs memory, not throughput."""
 DEFAULT_TIMEOUT_S = 900.0
+TIMEOUT_CLASS = "Timeout"
 RUN_RETRY = RetryPolicy(attempts=4, base_delay_s=0.25, max_delay_s=4.0)
 DOWN_RETRY = RetryPolicy(attempts=1)
 
@@ -51,6 +62,13 @@ class Limits:
     timeout_s: float = DEFAULT_TIMEOUT_S
     retry: RetryPolicy = RUN_RETRY
 
+    def __post_init__(self) -> None:
+        for who, count in [("concurrency", self.concurrency), *self.per_agent.items()]:
+            if not 1 <= count <= MAX_CONCURRENCY:
+                raise ValueError(f"concurrency for {who}: must be from 1 to {MAX_CONCURRENCY}, got {count}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s: must be more than 0 seconds, got {self.timeout_s}")
+
 
 def failure_record(job: Job, error_class: str, message: str, latency_s: float) -> dict[str, Any]:
     """A ``_failures.jsonl`` line: enough to find the row, see what broke, and rerun it."""
@@ -69,41 +87,49 @@ def failure_record(job: Job, error_class: str, message: str, latency_s: float) -
 class _Runner:
     """Runs single jobs; tracks which agents are down."""
 
-    def __init__(self, client: ServerClient, limits: Limits) -> None:
+    def __init__(self, client: ServerClient, limits: Limits, health: StackHealth | None) -> None:
         self.client = client
         self.limits = limits
+        self.health = health
         self.down: set[str] = set()
         self.agent_slots = {a: asyncio.Semaphore(n) for a, n in limits.per_agent.items()}
 
     async def run(self, job: Job) -> Result:
         slot = self.agent_slots.get(job.agent)
         async with slot if slot is not None else contextlib.nullcontext():
+            if (dead := self._blocker(job)) is not None:
+                return Result(job, 0.0, failure=failure_record(job, SERVER_DIED, dead, 0.0))
             return await self._run(job)
+
+    def _blocker(self, job: Job) -> str | None:
+        server = self.health.blocker(job.agent) if self.health is not None else None
+        return None if server is None else f"not run: server '{server}' died"
+
+    def _failed(self, job: Job, began: float, error_class: str, message: str) -> Result:
+        """A failure; one that a dead server explains is recorded as that (it is why it failed)."""
+        if (dead := self._blocker(job)) is not None:
+            error_class, message = SERVER_DIED, f"{dead} ({error_class}: {message})"
+        latency = time.perf_counter() - began
+        return Result(job, latency, failure=failure_record(job, error_class, message, latency))
 
     async def _run(self, job: Job) -> Result:
         began = time.perf_counter()
         retry = DOWN_RETRY if job.agent in self.down else self.limits.retry
+        timeout_s = self.limits.timeout_s
         try:
-            reply = await self.client.call(
-                job.agent, "/run", job.row, timeout_s=self.limits.timeout_s, retry=retry
-            )
+            async with asyncio.timeout(timeout_s):
+                reply = await self.client.call(job.agent, "/run", job.row, timeout_s=timeout_s, retry=retry)
             rollout = reply.json()
             if not isinstance(rollout, dict) or "reward" not in rollout:
                 raise ValueError(f"agent returned no reward: {str(rollout)[:300]}")
+        except TimeoutError:
+            return self._failed(job, began, TIMEOUT_CLASS, f"no result within {timeout_s:g}s; cancelled")
         except ServerCallError as exc:
-            if exc.status is None and exc.error_class != "Timeout":
+            if exc.status is None and exc.error_class != TIMEOUT_CLASS:
                 self.down.add(job.agent)
-            return Result(
-                job,
-                time.perf_counter() - began,
-                failure=failure_record(job, exc.error_class, exc.detail, time.perf_counter() - began),
-            )
+            return self._failed(job, began, exc.error_class, exc.detail)
         except Exception as exc:  # a bad reply must become a recorded failure, not an abort
-            return Result(
-                job,
-                time.perf_counter() - began,
-                failure=failure_record(job, type(exc).__name__, str(exc), time.perf_counter() - began),
-            )
+            return self._failed(job, began, type(exc).__name__, str(exc))
         self.down.discard(job.agent)
         rollout.setdefault("agent_ref", job.row["agent_ref"])
         rollout[TASK_INDEX] = job.task_index
@@ -112,7 +138,10 @@ class _Runner:
 
 
 async def collect(
-    jobs: Iterable[Job], client: ServerClient, limits: Limits | None = None
+    jobs: Iterable[Job],
+    client: ServerClient,
+    limits: Limits | None = None,
+    health: StackHealth | None = None,
 ) -> AsyncGenerator[Result, None]:
     """Yield a Result for every job, in completion order.
 
@@ -120,7 +149,7 @@ async def collect(
     flight; the jobs not yielded are simply not done, which is what ``--resume`` relies on.
     """
     limits = limits or Limits()
-    runner = _Runner(client, limits)
+    runner = _Runner(client, limits, health)
     pending = iter(jobs)
     results: asyncio.Queue[Result | None] = asyncio.Queue(maxsize=max(16, limits.concurrency))
 

@@ -1,15 +1,17 @@
 """The files of one collection run, and the rules that make it resumable without loss.
 
 For ``--output X.jsonl`` (DESIGN §3):
-``X_materialized_inputs.jsonl`` every job as sent, written before the first rollout;
+``X_materialized_inputs.jsonl`` every job as sent, appended in plan order as each is dispatched;
 ``X.jsonl`` rollouts appended and flushed as they finish (completion order);
 ``X_failures.jsonl`` rollouts that failed for good in the latest attempt;
-``X_aggregate_metrics.json`` per-agent metrics, written at the end.
+``X_aggregate_metrics.json`` per-agent metrics, written at the end;
+``X_run.json`` what identifies the run: its job plan's fingerprint and the stack it ran against;
+``X_run.lock`` held by the run writing the files (``polygym.collect.run_lock``).
 
-Resuming re-materializes the jobs from the same input and options and refuses to continue unless
-they are byte-identical to the materialized file: a changed input would silently mix two
-datasets. Done rollouts are the (task, rollout) keys present in ``X.jsonl``; a torn last line
-left by a ``kill -9`` is cut off before appending.
+Resuming re-plans the jobs from the same input and options and refuses to continue unless the
+plan's fingerprint is the one recorded: a changed input would silently mix two datasets. Done
+rollouts are the (task, rollout) keys present in ``X.jsonl``; a torn last line left by a
+``kill -9`` is cut off before appending.
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from polygym.jsonl import JsonlAppender, iter_jsonl, truncate_torn_tail
 from polygym.row import ROLLOUT_INDEX, TASK_INDEX
+
+PLAN_KEY = "plan_fingerprint"
+"""The run record's key for ``JobPlan.fingerprint()``."""
 
 
 class RunFileError(Exception):
@@ -47,6 +54,14 @@ class RunFiles:
     def metrics(self) -> Path:
         return self._sibling("_aggregate_metrics.json")
 
+    @property
+    def record(self) -> Path:
+        return self._sibling("_run.json")
+
+    @property
+    def lock(self) -> Path:
+        return self._sibling("_run.lock")
+
     def all(self) -> list[Path]:
         return [self.output, self.materialized, self.failures, self.metrics]
 
@@ -65,7 +80,7 @@ def prepare(
     files: RunFiles,
     resume: bool,
     overwrite: bool,
-    materialized: bytes | None = None,
+    fingerprint: str | None = None,
     keep: Callable[[RunFiles], None] | None = None,
     how_to_continue: str = "pass --resume to finish that run",
 ) -> None:
@@ -73,50 +88,72 @@ def prepare(
 
     One function for every kind of run, so that all of them refuse to replace a run unless told
     to (``overwrite``; the message says ``how_to_continue`` instead) and start from the same clean
-    set of files. ``materialized`` is every job of a run that knows them up front (``gym eval
-    run``): written on a fresh start and, on resume, required byte-identical to the file, which
-    proves the input and options unchanged; None when jobs are appended as the run goes (step-wise
-    collection). ``keep`` cuts the files of a continued run back to what it keeps (default
-    ``keep_finished``; step-wise collection keeps the steps before its start step).
+    set of files. ``fingerprint`` is the job plan's (``gym eval run``): recorded on a fresh start
+    and, on resume, required equal to the recorded one, which proves the input and options
+    unchanged; None for a run that checks its own continuation (step-wise collection). ``keep``
+    cuts the files of a continued run back to what it keeps (default ``keep_finished``;
+    step-wise collection keeps the steps before its start step).
     """
     files.output.parent.mkdir(parents=True, exist_ok=True)
     if not resume:
-        _start_fresh(files, overwrite, materialized or b"", how_to_continue)
+        _start_fresh(files, overwrite, how_to_continue)
+        if fingerprint is not None:
+            write_record(files, {PLAN_KEY: fingerprint})
         return
-    if materialized is not None:
-        _check_materialized(files, materialized)
+    if fingerprint is not None:
+        _check_plan(files, fingerprint)
     (keep or keep_finished)(files)
 
 
-def _start_fresh(files: RunFiles, overwrite: bool, materialized: bytes, how_to_continue: str) -> None:
+def _start_fresh(files: RunFiles, overwrite: bool, how_to_continue: str) -> None:
     existing = [p for p in (files.output, files.materialized) if p.exists() and p.stat().st_size]
     if existing and not overwrite:
         raise RunFileError(f"{existing[0]} already exists; {how_to_continue} or --overwrite to start over")
     for path in files.jsonl_files():
-        path.write_bytes(materialized if path == files.materialized else b"")
+        path.write_bytes(b"")
     files.metrics.unlink(missing_ok=True)
+    files.record.unlink(missing_ok=True)
 
 
-def _check_materialized(files: RunFiles, materialized: bytes) -> None:
-    if not files.materialized.exists():
+def _check_plan(files: RunFiles, fingerprint: str) -> None:
+    record = read_record(files)
+    if record is None or PLAN_KEY not in record:
         raise RunFileError(
-            f"cannot resume: {files.materialized} does not exist (start the run without --resume)"
+            f"cannot resume: {files.record} does not exist or is not a run record "
+            "(start the run without --resume, or over with --overwrite)"
         )
-    if files.materialized.read_bytes() != materialized:
+    if record[PLAN_KEY] != fingerprint:
         raise RunFileError(
-            f"cannot resume: the input or the run options changed since {files.materialized} was written; "
+            f"cannot resume: the input or the run options changed since {files.record} was written; "
             "resume with the same --input, --limit, --num-repeats, sampling flags and --seed, or start over "
             "with --overwrite"
         )
 
 
+def read_record(files: RunFiles) -> dict[str, Any] | None:
+    """The run record (``X_run.json``), or None when there is none or it is not a JSON object."""
+    try:
+        data = orjson.loads(files.record.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_record(files: RunFiles, record: dict[str, Any]) -> None:
+    """Replace the run record atomically, so a crash mid-write never leaves half a record."""
+    partial = files.record.with_name(files.record.name + ".partial")
+    partial.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
+    partial.replace(files.record)
+
+
 def keep_finished(files: RunFiles) -> None:
-    """What a resumed ``gym eval run`` keeps: its finished rollouts, less a torn last line. The
-    failures are cleared, since their jobs run again."""
-    if files.output.exists():
-        truncate_torn_tail(files.output)
-    else:
-        files.output.write_bytes(b"")
+    """What a resumed ``gym eval run`` keeps: its finished rollouts and the jobs dispatched so far,
+    each less a torn last line. The failures are cleared, since their jobs run again."""
+    for path in (files.output, files.materialized):
+        if path.exists():
+            truncate_torn_tail(path)
+        else:
+            path.write_bytes(b"")
     files.failures.write_bytes(b"")
 
 

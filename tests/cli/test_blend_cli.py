@@ -50,8 +50,6 @@ def jq_recipe(path: Path) -> bytes:
     return out
 
 
-
-
 @pytest.fixture
 def spec(tmp_path: Path) -> Path:
     path = tmp_path / "blend.yaml"
@@ -192,7 +190,7 @@ def test_validate_reports_every_bad_row(tmp_path: Path) -> None:
     assert "Did you mean 'example_single_tool_call_simple_agent'?" in err
     assert f"{data}:4: expected_synonyms: Input should be a valid list (example_multi_step verifier)" in err
     assert f"{data}:5: responses_create_params.input: must be a string or a non-empty list of items" in err
-    assert f"{data}:6: responses_create_params.temperature: Input should be a valid number" in err
+    assert f"{data}:6: responses_create_params.temperature: must be a number from 0 to 2, got 'hot'" in err
     assert f"{data}:7: (row): must be a JSON object, got list" in err
     assert "3" not in [line.split(":")[1] for line in err.splitlines() if line.startswith(str(data))]
     assert "6 problems" in result.stdout

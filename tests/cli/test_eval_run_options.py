@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from click.testing import CliRunner, Result
 
 from polygym.blend.stepwise import StepFiles
 from polygym.cli import gym
+from polygym.cli.eval import resume_command
 from polygym.jsonl import iter_jsonl
 from polygym.row import ROLLOUT_INDEX
 from tests.conftest import TWO_ENV_SPEC as SPEC
@@ -80,3 +82,93 @@ def test_blend_run_honours_max_failures(tmp_path: Path, spec: Path) -> None:
     result = eval_run(*args, "--max-failures", "3", f"{LATENCY}=30000")
     assert result.exit_code == 1
     assert "8 rollouts failed or straggled (--max-failures 3)" in result.stderr
+
+
+def one_row(tmp_path: Path) -> Path:
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"responses_create_params": {"input": "hi"}}\n')
+    return data
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--timeout", "0", "0.0 is not in the range x>0"),
+        ("--timeout", "-1", "-1.0 is not in the range x>0"),
+        ("--num-repeats", "1000000", "'1000000' must be from 1 to 100000"),
+        ("--num-repeats", "a_agent=0", "'a_agent=0' must be from 1 to 100000"),
+        ("--concurrency", "100000", "'100000' must be from 1 to 16384"),
+        ("--temperature", "5", "must be a number from 0 to 2, got 5.0"),
+        ("--top-p", "1.5", "must be a number from 0 to 1, got 1.5"),
+        ("--max-output-tokens", "0", "must be an integer of at least 1, got 0"),
+        ("--max-failures", "-1", "-1 is not in the range x>=0"),
+    ],
+)
+def test_out_of_range_values_exit_2_naming_the_option(
+    tmp_path: Path, option: str, value: str, message: str
+) -> None:
+    """Refused before a stack starts: nothing is written, and a zero timeout never means a default."""
+    out = tmp_path / "o.jsonl"
+    result = eval_run(*SCRIPTED, "--input", str(one_row(tmp_path)), "--output", str(out), option, value)
+    assert result.exit_code == 2
+    assert option in result.stderr and message in result.stderr
+    assert not out.exists()
+
+
+def test_a_directory_as_input_is_named_as_one(tmp_path: Path) -> None:
+    result = eval_run(*SCRIPTED, "--input", str(tmp_path), "--output", str(tmp_path / "o.jsonl"))
+    assert result.exit_code == 2
+    assert f"{tmp_path}: is a directory, not a JSONL file" in result.stderr
+
+
+def test_a_bad_sampling_field_in_a_row_is_found_before_any_rollout(tmp_path: Path) -> None:
+    data = tmp_path / "in.jsonl"
+    data.write_text(
+        '{"responses_create_params": {"input": "hi"}}\n'
+        '{"responses_create_params": {"input": "hi", "temperature": "hot"}}\n'
+    )
+    out = tmp_path / "o.jsonl"
+    result = eval_run(*SCRIPTED, "--input", str(data), "--output", str(out))
+    assert result.exit_code == 2
+    assert f"{data}:2: responses_create_params.temperature: must be a number from 0 to 2, got 'hot'" in (
+        result.stderr
+    )
+    assert not out.exists()
+
+
+def test_env_start_refuses_a_port_out_of_range() -> None:
+    result = CliRunner().invoke(gym, ["env", "start", *SCRIPTED, "--head-port", "70000"])
+    assert result.exit_code == 2
+    assert "Invalid value for '--head-port': 70000 is not in the range 0<=x<=65535" in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+SECRET = "sk-live-0123456789abcdefghij"
+
+
+def test_the_rerun_hint_masks_secrets_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rollout times out (the model takes 30 s, --timeout is 0.2 s): the run prints a rerun
+    hint, which must not echo the API key given on the command line."""
+    monkeypatch.chdir(tmp_path)
+    one_row(tmp_path)
+    args = [*SCRIPTED, "--resources-server", "example_single_tool_call", "--input", "in.jsonl"]
+    args += ["--output", "o.jsonl", "--timeout", "0.2"]
+    args += [f"{LATENCY}=30000", f"++policy_api_key={SECRET}"]
+    monkeypatch.setattr(sys, "argv", ["gym", "eval", "run", *args])
+    result = eval_run(*args)
+    assert result.exit_code == 0, result.output
+    shown = " ".join(result.output.split())
+    assert "rerun them with: gym eval run" in shown
+    assert "'++policy_api_key=****' --resume (secret values masked: pass them again)" in shown
+    assert SECRET not in result.output
+    [failure] = iter_jsonl(tmp_path / "o_failures.jsonl")
+    assert failure["error_class"] == "Timeout" and "0.2s" in failure["error"]
+
+
+def test_the_resume_hint_has_no_note_when_nothing_was_masked() -> None:
+    assert resume_command(["eval", "run", "--input", "in.jsonl", "--overwrite"]) == (
+        "gym eval run --input in.jsonl --resume"
+    )
+    assert resume_command(["eval", "run", "--model-api-key", SECRET]) == (
+        "gym eval run --model-api-key '****' --resume (secret values masked: pass them again)"
+    )

@@ -1,0 +1,75 @@
+"""collect: --timeout bounds the whole rollout, retries included; a dead server stops only its agents."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from polygym.collect.rollouts import Limits, collect
+from polygym.collect.stack_watch import SERVER_DIED, StackHealth
+from polygym.net.client import ServerClient
+from polygym.net.retry import RetryPolicy
+from polygym.row import Job, make_job
+
+RETRY_FAST = RetryPolicy(attempts=4, base_delay_s=0.01, max_delay_s=0.01)
+
+
+def slow_failing_agent(calls: list[float], delay_s: float) -> Starlette:
+    """An agent whose every /run answers 503 after ``delay_s``: a retried rollout."""
+
+    async def run(request: Request) -> JSONResponse:
+        calls.append(time.monotonic())
+        await asyncio.sleep(delay_s)
+        return JSONResponse({"error": "busy"}, status_code=503)
+
+    return Starlette(routes=[Route("/run", run, methods=["POST"])])
+
+
+def job(agent: str, task: int = 0) -> Job:
+    return make_job({"responses_create_params": {"input": "hi"}}, agent, task, 0)
+
+
+async def test_the_timeout_ends_the_rollout_not_each_attempt() -> None:
+    """Attempts of 0.6 s under a 1 s timeout: two calls, then the rollout is cancelled as a Timeout;
+    before, each attempt had the whole timeout and the rollout ran four attempts (2.4 s)."""
+    calls: list[float] = []
+    client = ServerClient()
+    client.add_local("agent", slow_failing_agent(calls, 0.6))
+    began = time.monotonic()
+    limits = Limits(concurrency=1, timeout_s=1.0, retry=RETRY_FAST)
+    [result] = [r async for r in collect([job("agent")], client, limits)]
+    assert result.failure is not None and result.failure["error_class"] == "Timeout"
+    assert "no result within 1s" in result.failure["error"]
+    assert 0.9 < result.latency_s < 1.5
+    await asyncio.sleep(max(0.0, began + 2.5 - time.monotonic()))  # when a third attempt would run
+    assert len(calls) == 2 and all(t < began + 1.0 for t in calls)
+
+
+async def test_a_dead_server_stops_the_agents_that_need_it_and_no_others() -> None:
+    ran: list[str] = []
+
+    def agent(name: str) -> Starlette:
+        async def run(request: Request) -> JSONResponse:
+            ran.append(name)
+            return JSONResponse({"reward": 1.0})
+
+        return Starlette(routes=[Route("/run", run, methods=["POST"])])
+
+    client = ServerClient()
+    client.add_local("a_agent", agent("a_agent"))
+    client.add_local("b_agent", agent("b_agent"))
+    health = StackHealth({"a_agent": {"a_env", "policy"}, "b_agent": {"b_env", "policy"}})
+    health.server_died("a_env", "server 'a_env' (pid 1) killed by signal 9")
+    jobs = [job("a_agent", 0), job("b_agent", 1), job("a_agent", 2)]
+    results = [r async for r in collect(jobs, client, Limits(concurrency=2), health)]
+    assert ran == ["b_agent"]
+    failures = sorted((r.job.task_index, r.failure["error_class"]) for r in results if r.failure)
+    assert failures == [(0, SERVER_DIED), (2, SERVER_DIED)]
+    assert all("server 'a_env' died" in r.failure["error"] for r in results if r.failure)
+    health.server_died("policy", "gone")
+    assert health.blocker("b_agent") == "policy"
