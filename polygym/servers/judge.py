@@ -8,8 +8,9 @@ secured like the policy, and the same scripted model can play it in tests.
 Why failures are first class: a judge that is down, rate-limited or answers something its parser
 cannot read says nothing about the policy. Scoring such a row 0 would teach the policy that its
 answer was wrong, and averaging it in would move the metrics with the judge's health. So a judge
-that cannot give a verdict raises ``JudgeFailed``: the ``/verify`` call fails with the error type
-``judge_failed``, the collector writes the row to ``_failures.jsonl`` under that class, aggregates
+that cannot give a verdict raises ``JudgeFailed``: the ``/verify`` call fails with the failure
+class ``judge_failed`` (carried back in ``polygym.net.failure``'s header, final, so no hop retries
+it), the collector writes the row to ``_failures.jsonl`` under that class, aggregates
 leave it out, and ``--resume`` plays it again.
 
 Retries do not multiply: transport problems (429, 5xx, resets) are already retried by the client
@@ -63,7 +64,7 @@ class JudgeFailed(HTTPError):
     """No verdict: the judge was unreachable, failed, or never answered in a readable form."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(JUDGE_FAILED_STATUS, message, JUDGE_FAILED)
+        super().__init__(JUDGE_FAILED_STATUS, message, JUDGE_FAILED, error_class=JUDGE_FAILED)
 
 
 @dataclass(frozen=True)

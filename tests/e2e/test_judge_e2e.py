@@ -1,0 +1,65 @@
+"""A judge that gives no verdict fails the row as judge_failed; --resume with a working judge redoes it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import orjson
+
+from polygym.collect.run_files import RunFiles
+from polygym.jsonl import iter_jsonl
+from polygym.servers.judge import JUDGE_FAILED
+from tests.conftest import ROOT, gym_command
+
+DATA = ROOT / "resources_servers/reference_judge/data/example.jsonl"
+JUDGE = """
+judge_model:
+  responses_api_models:
+    scripted_model:
+      entrypoint: app.py
+      script: [{{answer: "{answer}"}}]
+reference_judge:
+  resources_servers:
+    reference_judge:
+      judge_model_server: {{type: responses_api_models, name: judge_model}}
+"""
+
+
+def run(tmp_path: Path, judge_answer: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "judge.yaml").write_text(JUDGE.format(answer=judge_answer))
+    args = [
+        "--model-type",
+        "scripted_model",
+        "--resources-server",
+        "reference_judge",
+        "--config",
+        "judge.yaml",
+    ]
+    return subprocess.run(
+        gym_command("eval", "run", *args, "--input", str(DATA), "--output", "out.jsonl", *extra),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_judge_failures_are_failures_and_resume_redoes_them(tmp_path: Path) -> None:
+    files = RunFiles(tmp_path / "out.jsonl")
+    first = run(tmp_path, "I cannot decide.")
+    assert first.returncode == 0, first.stderr
+    failures = list(iter_jsonl(files.failures))
+    assert [f["error_class"] for f in failures] == [JUDGE_FAILED] * 5
+    assert "no readable verdict in 2 attempt(s)" in failures[0]["error"]
+    assert list(iter_jsonl(files.output)) == []
+    metrics = orjson.loads(files.metrics.read_bytes())[0]["agent_metrics"]
+    assert (metrics["num_rollouts"], metrics["num_failures"]) == (0, 5)
+    assert "mean/reward" not in metrics  # a judge failure is never averaged in as a 0
+
+    second = run(tmp_path, "VERDICT: INCORRECT", "--resume", "--allow-stack-change")
+    assert second.returncode == 0, second.stderr
+    rows = list(iter_jsonl(files.output))
+    assert sorted(r["_ng_task_index"] for r in rows) == [0, 1, 2, 3, 4]
+    assert {(r["reward"], r["judge_verdict"]) for r in rows} == {(0.0, False)}
+    assert list(iter_jsonl(files.failures)) == []
