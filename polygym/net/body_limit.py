@@ -4,7 +4,8 @@ A model API (or anything at the other end of a socket) can answer with a body of
 small gzip body can inflate a thousandfold: 10 MB on the wire became 1 GiB in memory before this
 bound existed. ``read_limited`` refuses a declared ``Content-Length`` over the limit before reading
 a byte, then counts the decoded bytes as they stream (aiohttp inflates incrementally, so memory
-stays near the limit) and stops at the limit with ``ResponseTooLarge``.
+stays near the limit) and stops at the limit with ``ResponseTooLarge``. An uncompressed body
+with a declared length is read in one go: aiohttp reads exactly that many bytes.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ class ResponseTooLarge(Exception):
     """A body over the limit; ``size`` is the declared or counted size when the read stopped."""
 
     def __init__(self, size: int, limit: int, declared: bool) -> None:
-        what = "declares" if declared else "inflates to more than"
-        super().__init__(f"reply body {what} {size} bytes; the limit is {limit} bytes")
+        what = "declares" if declared else "reached"
+        super().__init__(f"reply body {what} {size} bytes (decoded); the limit is {limit} bytes")
         self.size = size
         self.limit = limit
 
@@ -32,6 +33,8 @@ async def read_limited(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     declared = resp.content_length
     if declared is not None and declared > limit:
         raise ResponseTooLarge(declared, limit, declared=True)
+    if declared is not None and resp.headers.get("content-encoding", "identity") == "identity":
+        return await resp.read()  # the body is exactly the declared bytes: nothing to count
     chunks: list[bytes] = []
     total = 0
     async for chunk in resp.content.iter_chunked(_CHUNK):

@@ -31,6 +31,7 @@ from polygym.redact import redact_text
 from polygym.suggest import unknown_name_message
 
 DEFAULT_TIMEOUT_S = 300.0
+KEEPALIVE_S = 15.0
 Dispatch = Callable[
     [str, str, bytes, dict[str, str]], Awaitable[tuple[int, list[tuple[bytes, bytes]], bytes] | None]
 ]
@@ -255,7 +256,10 @@ class ServerClient:
                 continue
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
                 error = ServerCallError(
-                    target, f"connection broke: {exc or type(exc).__name__}", None, failure.CONNECTION_RESET
+                    target,
+                    f"connection broke: {str(exc) or type(exc).__name__}",
+                    None,
+                    failure.CONNECTION_RESET,
                 )
                 if not retry.retry_after_send or attempt == attempts:
                     raise error from exc
@@ -343,8 +347,13 @@ class ServerClient:
             return Reply(resp.status, data, cookies, {k.lower(): v for k, v in resp.headers.items()})
 
     def _http_session(self) -> aiohttp.ClientSession:
+        """The pooled session. Idle connections are dropped sooner than polygym servers drop them
+        (``KEEPALIVE_S`` < uvicorn's 30 s in ``listen``): a request sent on a connection the server
+        is closing at that moment is cut, and a tool call cut that way is not sent again."""
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.pool_size, limit_per_host=0, keepalive_timeout=30)
+            connector = aiohttp.TCPConnector(
+                limit=self.pool_size, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
+            )
             self._session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 

@@ -16,7 +16,6 @@ Two guarantees a handler cannot give itself:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import orjson
 
@@ -61,39 +60,54 @@ class InboundGuard:
                 return b"".join(chunks)
 
     async def _serve_until_disconnect(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
-        completed = False
-        disconnected = asyncio.Event()
-        replayed = False
+        """Serve in this task while a watcher task waits for the client to leave; if it leaves
+        before the response is complete, this task is cancelled, and that cancellation ends here.
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await disconnected.wait()
-            return {"type": "http.disconnect"}
-
-        async def tracked_send(message: Message) -> None:
-            nonlocal completed
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                completed = True
-            await send(message)
-
-        handler = asyncio.ensure_future(self.app(scope, replay, tracked_send))
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        One extra task per request, not two: the handler keeps the request's own task.
+        """
+        exchange = _Exchange(body, send)
+        serving = asyncio.current_task()
+        assert serving is not None
+        watcher = asyncio.ensure_future(exchange.cancel_on_disconnect(receive, serving))
         try:
-            await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not handler.done() and not completed:
-                disconnected.set()
-                handler.cancel()
-            await asyncio.wait({handler})
-            if not handler.cancelled():
-                handler.result()  # the app's own error goes on to the server's error handling
+            await self.app(scope, exchange.receive, exchange.send)
+        except asyncio.CancelledError:
+            if not exchange.left or serving.cancelling() > 1:  # cancelled by someone else too
+                raise
+            serving.uncancel()
         finally:
             watcher.cancel()
-            handler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+
+
+class _Exchange:
+    """One request as the app sees it: the body read up front, then a wait for the client to go."""
+
+    def __init__(self, body: bytes, send: Send) -> None:
+        self._body: bytes | None = body
+        self._send = send
+        self._gone = asyncio.Event()
+        self.completed = False
+        self.left = False
+        """The client went away before the response was complete."""
+
+    async def receive(self) -> Message:
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.completed = True
+        await self._send(message)
+
+    async def cancel_on_disconnect(self, receive: Receive, serving: asyncio.Task[object]) -> None:
+        await _wait_disconnect(receive)
+        if not self.completed:
+            self.left = True
+            self._gone.set()
+            serving.cancel()
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -81,6 +81,21 @@ def gzip_bomb(inflated: int) -> Answer:
     return answer
 
 
+def chunked(total: int, chunk: int = 64 * 1024) -> Answer:
+    """A body of ``total`` bytes with no declared length (chunked transfer encoding)."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(_head(200, {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}))
+        block = f"{chunk:x}\r\n".encode() + b"x" * chunk + b"\r\n"
+        for _ in range(total // chunk):
+            writer.write(block)
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    return answer
+
+
 def declares(length: int) -> Answer:
     """Headers declaring a ``length``-byte body, then nothing (a reader waiting for it would hang)."""
 

@@ -9,7 +9,7 @@ import pytest
 
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
-from tests.net.fake_upstream import FakeUpstream, declares, gzip_bomb, reply
+from tests.net.fake_upstream import FakeUpstream, chunked, declares, gzip_bomb, reply
 
 MiB = 1 << 20
 RETRY = RetryPolicy(attempts=3, base_delay_s=0.001, max_delay_s=0.01)
@@ -46,6 +46,18 @@ async def test_a_declared_length_over_the_limit_is_refused_before_reading() -> N
             await client.close()
     assert caught.value.error_class == "ResponseTooLarge"
     assert "declares 10737418240 bytes" in caught.value.detail
+
+
+async def test_a_body_without_a_declared_length_stops_at_the_limit() -> None:
+    async with FakeUpstream([chunked(32 * MiB)]) as upstream:
+        client = ServerClient(max_body_bytes=MiB)
+        try:
+            with pytest.raises(ServerCallError) as caught:
+                await client.request_url("POST", upstream.url + "/x", {}, retry=RETRY)
+        finally:
+            await client.close()
+    assert caught.value.error_class == "ResponseTooLarge"
+    assert "reply body reached" in caught.value.detail
 
 
 async def test_a_body_within_the_limit_is_read_whole() -> None:

@@ -216,6 +216,21 @@ async def test_a_refused_connection_is_classed_as_such() -> None:
     assert caught.value.error_class == "ConnectionRefused"
 
 
+async def test_the_wait_before_a_retry_follows_retry_after() -> None:
+    """FAST backs off a few ms; the upstream asks for 1 s and gets it."""
+    slow_down = reply(503, b"{}", {"Retry-After": "1"})
+    async with FakeUpstream([slow_down, reply(200)]) as upstream:
+        client = ServerClient()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            got = await client.request_url("POST", upstream.url + "/x", {}, retry=FAST)
+        finally:
+            await client.close()
+    assert got.status == 200 and len(upstream.requests) == 2
+    assert loop.time() - began >= 0.95
+
+
 async def test_a_retry_after_past_the_deadline_ends_the_call_with_the_reply_in_hand() -> None:
     """The upstream asks for 20 s; the call has 2 s: no sleeping into a deadline it cannot meet."""
     slow_down = reply(429, b'{"error": "slow down"}', {"Retry-After": "20"})
