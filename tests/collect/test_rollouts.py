@@ -50,6 +50,33 @@ async def test_the_timeout_ends_the_rollout_not_each_attempt() -> None:
     assert len(calls) == 2 and all(t < began + 1.0 for t in calls)
 
 
+async def test_the_timeout_closes_the_connection_to_the_agent() -> None:
+    """Over HTTP, cancelling the rollout must close its connection: that is the only way the
+    agent's server can learn that nobody waits for the rollout any more (and stop it)."""
+    closed = asyncio.Event()
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the request arrived; no reply ever comes
+        while await reader.read(1024):
+            pass
+        closed.set()  # EOF: the collector closed its end
+        writer.close()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = ServerClient()
+    client.set_address("agent", f"http://127.0.0.1:{port}")
+    try:
+        limits = Limits(concurrency=1, timeout_s=0.5, retry=RETRY_FAST)
+        [result] = [r async for r in collect([job("agent")], client, limits)]
+        assert result.failure is not None and result.failure["error_class"] == "Timeout"
+        await asyncio.wait_for(closed.wait(), 5.0)
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_dead_server_stops_the_agents_that_need_it_and_no_others() -> None:
     ran: list[str] = []
 
