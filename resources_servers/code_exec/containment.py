@@ -11,8 +11,9 @@ N times ``memory_mb``. Here the unit is the submission's whole process tree:
   ``memory`` and ``pids`` controllers; otherwise the v1 ``memory`` and ``pids`` hierarchies.
 - ``process_tree``: where no cgroup is writable, the server polls the runner's descendants every
   ``POLL_S`` (the runner is a child subreaper, so orphans that ``setsid`` or double-fork stay in
-  its tree), sums their resident memory, counts them, and kills the tree on excess. A burst that
-  starts and ends between two polls is not seen; that is why cgroups are preferred.
+  its tree), sums their memory (proportional set size, so pages a fork shares count once), counts
+  them, and kills the tree on excess. A burst that starts and ends between two polls is not seen;
+  that is why cgroups are preferred.
 
 Both record why they killed (``memory_limit`` or ``pids_limit``), which scores the run 0.
 """
@@ -58,7 +59,7 @@ def _own_cgroups() -> dict[str, str]:
 
 
 def _mounts() -> dict[str, Path]:
-    """"cgroup2" or a v1 controller name -> its mount point, from /proc/self/mountinfo."""
+    """ "cgroup2" or a v1 controller name -> its mount point, from /proc/self/mountinfo."""
     found: dict[str, Path] = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -169,7 +170,7 @@ class ProcessTree(Contained):
             rss, count = _usage(root_pid)
             if count == 0:
                 return
-            if rss > self.memory_bytes:
+            if rss > self.memory_bytes and _proportional_memory(root_pid) > self.memory_bytes:
                 self.verdict = "memory_limit"
             elif count > self.max_processes:
                 self.verdict = "pids_limit"
@@ -180,12 +181,23 @@ class ProcessTree(Contained):
 
 
 def _usage(root_pid: int) -> tuple[int, int]:
+    """Resident bytes summed over the tree, and its size: cheap, but counts shared pages once per
+    process (forked children share their parent's), so an excess is confirmed by PSS."""
     total, count = 0, 0
     for pid in _tree(root_pid):
         with contextlib.suppress(psutil.Error):
             total += psutil.Process(pid).memory_info().rss
             count += 1
     return total, count
+
+
+def _proportional_memory(root_pid: int) -> int:
+    """PSS summed over the tree: each shared page split among its sharers (smaps, ~0.25 ms/process)."""
+    total = 0
+    for pid in _tree(root_pid):
+        with contextlib.suppress(psutil.Error):
+            total += psutil.Process(pid).memory_full_info().pss
+    return total
 
 
 class Cgroup(Contained):

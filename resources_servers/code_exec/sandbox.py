@@ -407,7 +407,7 @@ def _setup_failure(line: bytes, result: RunResult, wall_s: float) -> str:
     """Why the sandbox failed before the submission existed, from the trusted control line."""
     text = line.decode("utf-8", "replace").strip()
     if text.startswith("error: "):
-        return f"sandbox setup failed: {text[len('error: '):]}"
+        return f"sandbox setup failed: {text[len('error: ') :]}"
     if result.timed_out:
         return f"sandbox setup did not finish within wall_s={wall_s:g}s"
     return f"the sandbox runner exited before it was ready (exit code {result.exit_code})"

@@ -203,7 +203,9 @@ def set_limits(limits: dict, with_nproc: bool) -> None:
         resource.RLIMIT_CORE: (0, 0),
     }
     if with_nproc:
-        pairs[resource.RLIMIT_NPROC] = (limits["nproc"],) * 2
+        # One above the whole-submission limit, so that the cgroup or the process-tree poll, which
+        # the server can observe (and score 0), is what stops a fork bomb; this is the backstop.
+        pairs[resource.RLIMIT_NPROC] = (limits["nproc"] + 1,) * 2
     for which, (soft, hard) in pairs.items():
         resource.setrlimit(which, (soft, hard))
 

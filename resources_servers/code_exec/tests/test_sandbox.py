@@ -107,7 +107,7 @@ async def test_fork_bomb_is_contained_and_cleaned_up(sandbox):
         """
     )
     result = await run(sandbox, code)
-    assert result.status in ("ok", "timeout")
+    assert result.status == "pids_limit"
     assert not slot_processes()
     assert (await run(sandbox, "def f(x):\n    return x\n")).status == "ok"  # the slot still works
 
