@@ -158,6 +158,7 @@ async def test_tests_with_kwargs_and_float_tolerance(env):
 async def test_health_reports_isolation_and_no_tools(env):
     health = (await env.call("env", "/", method="GET")).json()
     assert health["isolation"] in ("namespaces", "basic")
+    assert health["enforcement"] in ("cgroup v1", "cgroup v2", "process_tree")
     assert (await env.call("env", "/tools", method="GET")).json() == []
 
 
