@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from typing import Any
 
 from benchmarks.harness import percentile, print_table, write_json
 from resources_servers.code_exec.sandbox import Sandbox, SandboxConfig, SandboxSetupError
@@ -34,10 +35,12 @@ async def latencies(sandbox: Sandbox, runs: int) -> list[float]:
 
 
 async def main(args: argparse.Namespace) -> None:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for isolation in ("namespaces", "basic"):
         for enforcement in ("cgroup", "process_tree"):
-            sandbox = Sandbox(SandboxConfig(isolation=isolation, enforcement=enforcement))
+            sandbox = Sandbox(
+                SandboxConfig.model_validate({"isolation": isolation, "enforcement": enforcement})
+            )
             try:
                 measured = await latencies(sandbox, args.runs)
             except SandboxSetupError as exc:

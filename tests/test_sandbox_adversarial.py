@@ -18,6 +18,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -42,7 +43,9 @@ def src(code: str) -> str:
 
 
 def make_sandbox(**config: object) -> Sandbox:
-    return Sandbox(SandboxConfig(**{"uid_base": UID_BASE, "max_concurrent": 2, "limits": LIMITS, **config}))
+    return Sandbox(
+        SandboxConfig.model_validate({"uid_base": UID_BASE, "max_concurrent": 2, "limits": LIMITS, **config})
+    )
 
 
 async def run(sandbox: Sandbox, code: str, inputs: list | None = None) -> RunResult:
@@ -52,7 +55,7 @@ async def run(sandbox: Sandbox, code: str, inputs: list | None = None) -> RunRes
     return result
 
 
-def value(result: RunResult, index: int = 0) -> object:
+def value(result: RunResult, index: int = 0) -> Any:
     outcome = result.outcomes[index]
     assert outcome.error is None, outcome.error
     return outcome.value
