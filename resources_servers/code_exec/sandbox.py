@@ -354,6 +354,10 @@ class Sandbox:
                 env=CHILD_ENV,
                 cwd=workdir or "/",
             )
+        except BaseException:
+            os.close(control_read)
+            os.close(result_read)
+            raise
         finally:
             os.close(control_write)
             os.close(result_write)
