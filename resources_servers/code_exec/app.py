@@ -5,8 +5,12 @@ assistant message, runs it in ``sandbox.Sandbox`` (a separate, resource-limited 
 in its own namespaces when the server runs as root) and calls the row's ``entry_point`` on each
 test's arguments. Only the returned values come back; they are compared here with the expected
 values the sandbox never sees. Reward is the fraction of tests passed, or 1/0 with
-``all_or_nothing: true``. Nothing the submission does (loops, fork bombs, floods, huge files,
-signals) can block the event loop or outlive its run.
+``all_or_nothing: true``; a run that broke a sandbox rule (a limit, the wall clock, forged or
+garbled results, a crash) scores 0 with the rule in ``reason``. Nothing the submission does can
+block the event loop, outlive its run, or be mistaken for a failure of the server.
+
+The sandbox's isolation is checked when the server starts (a probe run); a server that cannot
+have the isolation its config asks for does not start.
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ class CodeExecVerifyResponse(CodeExecVerifyRequest, VerifyResponse):
     pass_rate: float
     status: str
     isolation: str | None
+    reason: str | None = Field(description="the sandbox rule the run broke (then reward is 0)")
     error: str | None
 
 
@@ -99,8 +104,17 @@ class CodeExec(ResourcesServer[CodeExecConfig]):
         super().__init__(*args, **kwargs)
         self.sandbox = Sandbox(self.config.sandbox)
 
+    async def startup(self) -> None:
+        """Refuse to start without the configured isolation (SandboxSetupError names what is missing)."""
+        await super().startup()
+        await self.sandbox.start()
+
     async def health(self) -> dict[str, Any]:
-        return {**await super().health(), "isolation": self.sandbox.isolation}
+        return {
+            **await super().health(),
+            "isolation": self.sandbox.isolation,
+            "enforcement": self.sandbox.enforcement,
+        }
 
     @classmethod
     def example_solution(cls, row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -114,7 +128,6 @@ class CodeExec(ResourcesServer[CodeExecConfig]):
         """Run the last assistant message's code against the hidden tests; reward = share passed."""
         text = body.response.output_text()
         code = extract_code(text)
-        total = len(body.tests)
         if not code.strip():
             return self._result(
                 body, 0, "no_code", None, "no Python code found in the last assistant message"
@@ -125,11 +138,11 @@ class CodeExec(ResourcesServer[CodeExecConfig]):
             )
         inputs = [{"args": t.args, "kwargs": t.kwargs} for t in body.tests]
         run = await self.sandbox.run(code, body.entry_point, inputs)
+        if run.violation:
+            detail = run.protocol_error or f"the submission broke the sandbox rule '{run.violation}'"
+            return self._result(body, 0, run.status, run.isolation, detail, reason=run.violation)
         passed, first_failure = self._score(body.tests, run)
-        error = run.load_error or run.setup_error or first_failure
-        if run.status in ("timeout", "output_limit", "crashed") and passed < total:
-            error = f"{run.status}; {error}" if error else run.status
-        return self._result(body, passed, run.status, run.isolation, error)
+        return self._result(body, passed, run.status, run.isolation, run.load_error or first_failure)
 
     def _score(self, tests: list[CodeTest], run: RunResult) -> tuple[int, str | None]:
         passed, first_failure = 0, None
@@ -148,7 +161,13 @@ class CodeExec(ResourcesServer[CodeExecConfig]):
         return passed, first_failure
 
     def _result(
-        self, body: CodeExecVerifyRequest, passed: int, status: str, isolation: str | None, error: str | None
+        self,
+        body: CodeExecVerifyRequest,
+        passed: int,
+        status: str,
+        isolation: str | None,
+        error: str | None,
+        reason: str | None = None,
     ) -> CodeExecVerifyResponse:
         total = len(body.tests)
         rate = passed / total
@@ -161,5 +180,6 @@ class CodeExec(ResourcesServer[CodeExecConfig]):
             pass_rate=rate,
             status=status,
             isolation=isolation,
+            reason=reason,
             error=error[:500] if error else None,
         )

@@ -1,41 +1,52 @@
 """The program that runs one untrusted submission: ``python -I -S sandbox_runner.py`` (stdlib only).
 
-It is started by ``sandbox.py`` as root or as a normal user, reads one JSON payload from stdin
-(the code, the function name, the test *inputs*, the limits) and writes JSON lines to stdout:
+It is started by ``sandbox.py`` and reads one JSON payload from stdin (the code, the function
+name, the test *inputs*, the limits, the numbers of two pipe descriptors the server created). Its
+stdout and stderr go nowhere; it talks to the server on those two pipes only:
 
-    {"event": "ready", "isolation": "namespaces"}
-    {"event": "loaded"}                      or {"event": "load_error", "error": "..."}
-    {"i": 0, "value": <the function's return value>}   or {"i": 0, "error": "..."}
-    ...
-    {"event": "done"}
+- the **control pipe** carries one line, ``ready`` or ``error: <why>``, written by this trusted
+  code *before* the submission exists; every copy of the descriptor is closed before the
+  submission's code is compiled, so nothing the submission does can ever write on it (the server
+  reads one line and nothing more). A failed setup is therefore always the sandbox's, never a
+  submission's trick;
+- the **result pipe** carries JSON lines: ``{"event": "loaded"}`` or ``{"event": "load_error"}``,
+  then ``{"i": k, "value": v}`` / ``{"i": k, "error": e}`` for k = 0, 1, ... and
+  ``{"event": "done"}``. The submission shares this process and can write here too; the server
+  treats the pipe as the submission's claims: only exact, in-order records count, anything else
+  scores 0, and a forged value is still compared with expected values that never reach this
+  process (introspection, caller frames or re-reading stdin find nothing).
 
-The expected outputs never reach this process: the parent compares the returned values, so no
-amount of introspection (``gc.get_objects()``, caller frames, reading stdin again) lets a
-submission find the answers, and a forged result line only claims a value the parent still checks.
+Before anything else the runner asks for SIGKILL when its parent (the server) dies and checks that
+the parent is still the server (closing the race with a kill -9 just before), becomes a child
+subreaper (orphans that ``setsid`` or double-fork stay in its tree, where the server can find
+them), and joins the run's cgroups when the server made some.
 
-Isolation ``namespaces`` (needs root, i.e. CAP_SYS_ADMIN): the process unshares mount, network,
-PID, IPC and UTS namespaces and forks an init process (PID 1 of the new PID namespace) which builds
-a root on a size-limited tmpfs (read-only bind mounts of ``/usr``, the interpreter's prefix and a
-few device files; nothing else of the host is visible: not the repository, not ``/root``, not the
-datasets), chroots into it and forks the worker. The worker sets resource limits, drops to a
-dedicated unprivileged uid, sets ``no_new_privs`` and runs the submission. When the init process
-exits — because the worker ended or because the parent killed the process group — the kernel kills
+Isolation ``namespaces`` (root with CAP_SYS_ADMIN): the runner unshares mount, network, PID, IPC
+and UTS namespaces and forks an init process (PID 1 of the new PID namespace), which dies with the
+runner, builds a root on a size-limited tmpfs (read-only bind mounts of ``/usr``, the interpreter's
+prefix and a few device files; no ``/etc``, no ``/proc``, not the repository or the datasets),
+chroots into it and forks the worker. The worker sets resource limits, drops to a dedicated
+unprivileged uid, sets ``no_new_privs`` and runs the submission. When init exits, the kernel kills
 every process left in the namespace, so a fork bomb that called ``setsid`` dies with it.
 
-Isolation ``basic`` (anything else): resource limits, a fresh working directory, a minimal
-environment and a process group the parent kills. See the README for what it does not stop.
+Isolation ``basic`` (explicit opt-in): resource limits, a fresh working directory, a minimal
+environment, the cgroup or process-tree limits, and the parent-death signal; the submission runs
+as the server's user. See the README for what it does not stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import json
 import os
 import resource
+import select
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -50,12 +61,55 @@ MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 
 SANDBOX_ROOT = "/tmp"  # mount point of the tmpfs root, inside the private mount namespace only
 DEVICES = ("null", "zero", "random", "urandom")
 
-_OUT_FD = 1
+SETUP_FAILED = 70
+KILL_ROUNDS = 200
+NAMESPACES_NEED = (
+    "namespaces isolation needs root with CAP_SYS_ADMIN (unshare CLONE_NEWNS/NEWPID/NEWNET/NEWIPC/NEWUTS)"
+)
+
+_OUT_FD = -1
+_CONTROL_FD = -1
+
+
+class SetupError(Exception):
+    """The sandbox could not be built; reported on the control pipe, never by the submission."""
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+def report_setup(error: BaseException | str) -> None:
+    """``error: ...`` on the control pipe (one line), if this process still holds it."""
+    if _CONTROL_FD < 0:
+        return
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    with contextlib.suppress(OSError):
+        _write_all(_CONTROL_FD, ("error: " + " ".join(text.split())[:2000] + "\n").encode("utf-8", "replace"))
+
+
+def report_ready() -> None:
+    """The last trusted word: ``ready``, then the control pipe is closed for good in this process."""
+    global _CONTROL_FD
+    _write_all(_CONTROL_FD, b"ready\n")
+    os.close(_CONTROL_FD)
+    _CONTROL_FD = -1
+
+
+def close_control() -> None:
+    """Drop this process's copy of the control pipe (init and the outer runner, once forked)."""
+    global _CONTROL_FD
+    if _CONTROL_FD >= 0:
+        os.close(_CONTROL_FD)
+        _CONTROL_FD = -1
 
 
 def emit(record: dict) -> None:
@@ -64,10 +118,7 @@ def emit(record: dict) -> None:
         line = json.dumps(record)
     except (TypeError, ValueError):
         line = json.dumps({k: v for k, v in record.items() if k != "value"} | {"error": "unserializable"})
-    data = (line + "\n").encode("utf-8", "replace")
-    while data:
-        written = os.write(_OUT_FD, data)
-        data = data[written:]
+    _write_all(_OUT_FD, (line + "\n").encode("utf-8", "replace"))
 
 
 def _libc() -> ctypes.CDLL:
@@ -112,11 +163,11 @@ def _interpreter_dirs() -> list[str]:
     return sorted(dirs)
 
 
-def build_root(libc: ctypes.CDLL, uid: int, tmpfs_bytes: int) -> None:
+def build_root(libc: ctypes.CDLL, uid: int, disk_bytes: int) -> None:
     """Inside the new mount namespace: a tmpfs root with only what Python needs, then chroot."""
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)
     root = SANDBOX_ROOT
-    _mount(libc, "tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=755")
+    _mount(libc, "tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_bytes},mode=755")
     os.mkdir(f"{root}/usr")
     _bind_readonly(libc, "/usr", f"{root}/usr")
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -152,21 +203,23 @@ def set_limits(limits: dict, with_nproc: bool) -> None:
         resource.RLIMIT_CORE: (0, 0),
     }
     if with_nproc:
-        pairs[resource.RLIMIT_NPROC] = (limits["nproc"],) * 2
+        # One above the whole-submission limit, so that the cgroup or the process-tree poll, which
+        # the server can observe (and score 0), is what stops a fork bomb; this is the backstop.
+        pairs[resource.RLIMIT_NPROC] = (limits["nproc"] + 1,) * 2
     for which, (soft, hard) in pairs.items():
         resource.setrlimit(which, (soft, hard))
 
 
 def drop_privileges(libc: ctypes.CDLL, uid: int) -> None:
+    """The slot's uid with no groups; a change of credentials clears PDEATHSIG, so it is set again after."""
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
 
 
 def wait_for(pid: int) -> int:
-    """Reap children (as PID 1 adopts orphans) until ``pid`` ends; its exit code."""
+    """Reap children (as PID 1 and as a subreaper adopt orphans) until ``pid`` ends; its exit code."""
     while True:
         try:
             child, status = os.wait()
@@ -176,44 +229,119 @@ def wait_for(pid: int) -> int:
             return os.waitstatus_to_exitcode(status)
 
 
-def run_namespaced(payload: dict) -> int:
-    libc = _libc()
+def die_with_parent(libc: ctypes.CDLL, alive: Callable[[], bool]) -> None:
+    """SIGKILL when the parent dies; if it already died (before the prctl), exit now."""
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+    if not alive():
+        os._exit(SETUP_FAILED)
+
+
+def _lifeline_open(read_end: int) -> bool:
+    """True while the other end of a pipe is held open (the outer runner alive)."""
+    readable, _, _ = select.select([read_end], [], [], 0)
+    return not readable
+
+
+def run_namespaced(payload: dict, libc: ctypes.CDLL) -> int:
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-    try:
-        _check(libc.unshare(flags), "unshare")
-    except OSError as exc:
-        emit({"event": "setup_error", "error": str(exc)})
-        return 70
+    if libc.unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise SetupError(f"{NAMESPACES_NEED}: unshare failed: {os.strerror(err)}")
+    lifeline_read, lifeline_write = os.pipe()
     init = os.fork()
     if init:
+        os.close(lifeline_read)
+        close_control()
+        os.close(_OUT_FD)
         return wait_for(init)
-    # PID 1 of the new namespace; stays root (it only waits), dies with its parent.
-    code = 70
+    # PID 1 of the new namespace; stays root (it only waits) and dies with the outer runner.
+    os.close(lifeline_write)
+    code = SETUP_FAILED
     try:
-        _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+        die_with_parent(libc, lambda: _lifeline_open(lifeline_read))
         uid = int(payload["uid"])
-        build_root(libc, uid, int(payload["limits"]["tmpfs_bytes"]))
+        build_root(libc, uid, int(payload["limits"]["disk_bytes"]))
         worker = os.fork()
         if worker == 0:
+            os.close(lifeline_read)
             try:
                 set_limits(payload["limits"], with_nproc=True)
                 drop_privileges(libc, uid)
+                die_with_parent(libc, lambda: os.getppid() == 1)
             except BaseException as exc:
-                emit({"event": "setup_error", "error": f"{type(exc).__name__}: {exc}"})
-                os._exit(70)
-            os._exit(run_tests(payload, "namespaces"))
+                report_setup(exc)
+                os._exit(SETUP_FAILED)
+            os._exit(run_tests(payload))
+        close_control()
+        os.close(_OUT_FD)
         code = wait_for(worker)
     except BaseException as exc:
-        emit({"event": "setup_error", "error": f"{type(exc).__name__}: {exc}"})
+        report_setup(exc)
     os._exit(code)
 
 
-def run_basic(payload: dict) -> int:
+def run_basic(payload: dict, libc: ctypes.CDLL) -> int:
+    """Fork the worker and stay as its supervisor: a subreaper that kills every descendant left.
+
+    The supervisor runs no submission code. Its parent-death signal is SIGTERM, handled, so that
+    when the server dies it takes the whole tree with it (orphans re-parent to it, where it can
+    find them) rather than dying alone.
+    """
     workdir = payload.get("workdir")
     if workdir:
         os.chdir(workdir)
-    set_limits(payload["limits"], with_nproc=False)
-    return run_tests(payload, "basic")
+    supervisor = os.getpid()
+    worker = os.fork()
+    if worker == 0:
+        try:
+            die_with_parent(libc, lambda: os.getppid() == supervisor)
+            set_limits(payload["limits"], with_nproc=False)
+        except BaseException as exc:
+            report_setup(exc)
+            os._exit(SETUP_FAILED)
+        os._exit(run_tests(payload))
+    close_control()
+    os.close(_OUT_FD)
+    signal.signal(signal.SIGTERM, _on_parent_death)
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0), "prctl(PDEATHSIG)")
+    code = wait_for(worker)
+    kill_descendants()
+    return code
+
+
+def _on_parent_death(signum: int, frame: object) -> None:
+    kill_descendants()
+    os._exit(SETUP_FAILED)
+
+
+def _children() -> list[int]:
+    """This process's children, from /proc (the stdlib has no other way to list them)."""
+    me, found = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and int(fields[1]) == me:
+            found.append(int(name))
+    return found
+
+
+def kill_descendants() -> None:
+    """Kill and reap children until none is left; as a subreaper, grandchildren come up in turn."""
+    for _ in range(KILL_ROUNDS):
+        children = _children()
+        if not children:
+            return
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 class CappedText(io.TextIOBase):
@@ -260,12 +388,11 @@ def _encode(value: object, max_chars: int) -> dict:
     return {"value": json.loads(encoded)}
 
 
-def run_tests(payload: dict, isolation: str) -> int:
-    """Load the submission, call the entry point on every input, report each value or error."""
+def run_tests(payload: dict) -> int:
+    """Say ``ready``, then load the submission, call the entry point on every input, report each."""
     global _OUT_FD
-    # Keep the result pipe on a private descriptor; the submission's fds 1 and 2 go to /dev/null
-    # and its sys.stdout/stderr to a capped in-memory sink.
-    _OUT_FD = os.dup(1)
+    # fds 0-2 go to /dev/null and sys.stdout/stderr to a capped in-memory sink; the result pipe
+    # stays on the descriptor the server gave (the submission may find it: see the docstring).
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -274,7 +401,7 @@ def run_tests(payload: dict, isolation: str) -> int:
     sink = CappedText(int(limits.get("max_print_chars", 10000)))
     sys.stdout = sys.stderr = sink
     sys.stdin = io.StringIO("")
-    emit({"event": "ready", "isolation": isolation, "uid": os.getuid()})
+    report_ready()
     per_test = float(limits["per_test_timeout_s"])
     signal.signal(signal.SIGALRM, _on_alarm)
     namespace: dict = {"__name__": "solution", "__builtins__": __builtins__}
@@ -311,10 +438,22 @@ def run_tests(payload: dict, isolation: str) -> int:
 
 
 def main() -> int:
+    global _OUT_FD, _CONTROL_FD
     payload = json.loads(sys.stdin.buffer.read())
-    if payload.get("isolation") == "namespaces":
-        return run_namespaced(payload)
-    return run_basic(payload)
+    _CONTROL_FD, _OUT_FD = int(payload["control_fd"]), int(payload["result_fd"])
+    try:
+        libc = _libc()
+        die_with_parent(libc, lambda: os.getppid() == int(payload["parent_pid"]))
+        _check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(CHILD_SUBREAPER)")
+        for procs in payload.get("cgroups", []):
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+        if payload.get("isolation") == "namespaces":
+            return run_namespaced(payload, libc)
+        return run_basic(payload, libc)
+    except BaseException as exc:
+        report_setup(exc)
+        return SETUP_FAILED
 
 
 if __name__ == "__main__":
