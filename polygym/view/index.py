@@ -2,7 +2,7 @@
 
 A 100,000-rollout file can be gigabytes of conversations; a page shows twenty of them. So the
 index keeps, per row, only what filters, tables and statistics need (environment, reward, failed,
-failure class, task, tokens, turns, latency) and where the row lies on disk (file, byte offset,
+failure class, task, tokens, turns) and where the row lies on disk (file, byte offset,
 length); ``row(i)`` reads one row back when a page needs it. Rows are numbered in file order,
 rollouts first as they are read, failures as they are read, so a row's number never changes while
 the run grows; if a file is started over the index is rebuilt (``generation`` changes).
@@ -16,7 +16,6 @@ same data can be paired task by task even when their task indices differ.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +70,6 @@ class RunIndex:
     step: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     turns: list[int] = field(default_factory=list)
-    latency: list[float] = field(default_factory=list)
     task_key: list[str] = field(default_factory=list)
     generation: int = 0
     _tails: list[JsonlTail] = field(default_factory=list, repr=False)
@@ -154,8 +152,6 @@ class RunIndex:
         self.step.append(_int(row.get(STEP_FIELD)))
         self.tokens.append(0 if failed else total_tokens(data))
         self.turns.append(0 if failed else count_turns(data.get("response")))
-        latency = data.get("latency_s")
-        self.latency.append(float(latency) if isinstance(latency, int | float) else math.nan)
         self.task_key.append(task_key(env, row))
 
 

@@ -82,13 +82,6 @@ def solved(index: RunIndex, members: Sequence[int]) -> bool:
     return sum(index.reward[i] >= PASS_THRESHOLD for i in members) * 2 >= len(members)
 
 
-def percentile(values: Sequence[float], pct: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
-
-
 @dataclass
 class EnvSummary:
     env: str
@@ -101,7 +94,8 @@ class EnvSummary:
     tokens_total: int
     turns_mean: float | None
     latency: dict[str, float | None] = field(default_factory=dict)
-    """p50/p90/p99 seconds: the run's metrics file when it has them, else the failures' own."""
+    """p50/p90/p99 seconds, from the run's metrics file (rollout rows do not carry their latency;
+    percentiles of several environments cannot be combined, so the roll-up has none)."""
 
 
 def summarize(index: RunIndex, env: str, rows: Sequence[int], latency: dict[str, float] | None) -> EnvSummary:
@@ -110,7 +104,6 @@ def summarize(index: RunIndex, env: str, rows: Sequence[int], latency: dict[str,
     classes = Counter(index.classes[index.failure_class[i]] for i in failed)
     records = [{TASK_INDEX: index.task_key[i], "reward": index.reward[i]} for i in ok]
     pass_at, _ = group_metrics(records) if records else ({}, [])
-    own = [index.latency[i] for i in rows if not math.isnan(index.latency[i])]
     return EnvSummary(
         env=env,
         rollouts=len(ok),
@@ -121,11 +114,7 @@ def summarize(index: RunIndex, env: str, rows: Sequence[int], latency: dict[str,
         tokens_mean=statistics.fmean(index.tokens[i] for i in ok) if ok else None,
         tokens_total=sum(index.tokens[i] for i in ok),
         turns_mean=statistics.fmean(index.turns[i] for i in ok) if ok else None,
-        latency=dict(latency)
-        if latency
-        else {f"p{p}": percentile(own, p) for p in (50, 90, 99)}
-        if own
-        else {},
+        latency=dict(latency or {}),
     )
 
 

@@ -1,9 +1,9 @@
 """A real run for the viewer's browser tests and the README screenshots, made by the scripted model.
 
 Rows: both example environments (one tool call; several lookups then a submit), two repeats each,
-plus one weather row whose model call fails (a scripted HTTP 400: a recorded failure) and one whose user message is an XSS attempt (``<script>``, ``onerror=``): the
-scripted model still calls the tool with that city, so the hostile text appears in the prompt, the
-tool arguments and the answer. ``make_pair`` also writes a "new" run: the same rollouts with some
+plus one weather row whose model call fails (a scripted error: a recorded failure) and one whose
+user message is an XSS attempt (``<script>``, ``onerror=``), shown in the prompt.
+``make_pair`` also writes a "new" run: the same rollouts with some
 tasks' rewards changed, so that Compare has flips in both directions.
 
     python tests/view/demo_run.py runs        # writes runs/demo.jsonl and runs/demo_new.jsonl
