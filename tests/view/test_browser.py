@@ -18,6 +18,7 @@ import pytest
 
 from polygym.net.thread_server import ThreadServer
 from polygym.view.app import create_app
+from polygym.view.export import write_export
 from polygym.view.viewer import open_runs
 from tests.conftest import wait_until
 from tests.view.demo_run import XSS, make_pair
@@ -141,3 +142,15 @@ def test_compare_shows_flips_and_both_rollouts(browser: object, viewer: str, sho
     right = browser.find_element(By.CSS_SELECTOR, ".side-right .verdict").text  # type: ignore[attr-defined]
     assert "reward 1.000" in left and "reward 0.000" in right
     browser.save_screenshot(str(shots / "side_by_side.png"))  # type: ignore[attr-defined]
+
+
+def test_export_draws_offline_under_its_own_csp(browser: object, shots: Path, tmp_path: Path) -> None:
+    base, new = make_pair(tmp_path / "runs")
+    report = tmp_path / "report.html"
+    write_export(open_runs([base, new], echo=lambda _: None), report)
+    browser.get(report.as_uri())  # type: ignore[attr-defined]
+    assert wait_until(lambda: drawn(browser, 2), 10)
+    text = browser.find_element(By.TAG_NAME, "main").text  # type: ignore[attr-defined]
+    assert "solved → unsolved" in text and "example_single_tool_call_simple_agent" in text
+    browser.save_screenshot(str(shots / "export.png"))  # type: ignore[attr-defined]
+    no_console_errors(browser)
