@@ -8,7 +8,7 @@ rollout's text reaches the browser only as escaped text.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,22 @@ MAX_FLIPS = 500
 HIDDEN_FIELDS = {"response", "responses_create_params", "agent_ref", *INDEX_FIELDS, ENV_FIELD, STEP_FIELD}
 
 
+_memo: dict[tuple[str, tuple[int, ...]], tuple[tuple[tuple[int, int], ...], Any]] = {}
+
+
+def _remembered(name: str, indexes: tuple[RunIndex, ...], compute: Callable[[], Any]) -> Any:
+    """The last result of ``compute`` for these indexes while none of them changed: the overview and
+    the comparison scan every row, and a person reloads them far more often than a run grows."""
+    key = (name, tuple(id(x) for x in indexes))
+    state = tuple((x.generation, len(x)) for x in indexes)
+    hit = _memo.get(key)
+    if hit is not None and hit[0] == state:
+        return hit[1]
+    value = compute()
+    _memo[key] = (state, value)
+    return value
+
+
 def latency_by_agent(metrics: Path) -> dict[str, dict[str, float]]:
     """``latency/pNN_s`` of each agent in a run's metrics file (written when the run ends)."""
     try:
@@ -51,6 +67,10 @@ def latency_by_agent(metrics: Path) -> dict[str, dict[str, float]]:
 
 
 def overview(index: RunIndex) -> dict[str, Any]:
+    return dict(_remembered("overview", (index,), lambda: _overview(index)))
+
+
+def _overview(index: RunIndex) -> dict[str, Any]:
     latency = latency_by_agent(index.source.metrics)
     rows = env_rows(index)
     summaries = [
@@ -167,6 +187,10 @@ def fmt(value: float | None, signed: bool = False) -> str:
 
 
 def comparison(base: RunIndex, new: RunIndex) -> dict[str, Any]:
+    return dict(_remembered("comparison", (base, new), lambda: _comparison(base, new)))
+
+
+def _comparison(base: RunIndex, new: RunIndex) -> dict[str, Any]:
     metric_rows: list[dict[str, Any]] = []
     if base.source.metrics.is_file() and new.source.metrics.is_file():
         try:

@@ -2,10 +2,9 @@
 
 Filters work on the index's columns (fast on 100,000 rows). Text search looks for the words in the
 rows' raw JSON lines on disk: the query is JSON-escaped first, so a quote or a newline matches as
-the file writes it, and case is ignored for ASCII letters. Each file is scanned once per
-distinct search (memory-mapped, one regular expression over the whole file) and the match
-positions are mapped to rows by their offsets; the latest searches are cached, so paging through
-results costs nothing more.
+the file writes it, and case is ignored for ASCII letters. Each file is scanned once per distinct
+search (lowercased chunk by chunk, see ``_positions``) and the match positions are mapped to rows
+by their offsets; the latest searches are cached, so paging through results costs nothing more.
 
 Every value is bounded and checked: a bad one is a ``QueryError`` (HTTP 400) that names it.
 """
@@ -13,11 +12,10 @@ Every value is bounded and checked: a bad one is a ``QueryError`` (HTTP 400) tha
 from __future__ import annotations
 
 import bisect
-import mmap
-import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import orjson
 
@@ -28,6 +26,7 @@ MAX_PER_PAGE = 500
 MAX_TEXT_QUERY = 200
 STATUSES = ("", "ok", "failed")
 _SEARCH_CACHE = 16
+CHUNK = 16 * 1024 * 1024
 
 
 class QueryError(ValueError):
@@ -114,18 +113,33 @@ def parse_page(params: Mapping[str, str]) -> tuple[int, int]:
 _searches: OrderedDict[tuple[str, int, int, str], set[int]] = OrderedDict()
 
 
-def _matches_in(index: RunIndex, which: int, pattern: re.Pattern[bytes]) -> set[int]:
+def _positions(path: Path, needle: bytes) -> Iterator[int]:
+    """Offsets of ``needle`` (lowercase) in ``path`` read in lowercased chunks: ``bytes.lower`` and
+    ``find`` run at memory speed, where a case-insensitive regular expression is several times slower."""
+    overlap = len(needle) - 1
+    with path.open("rb") as handle:
+        base, carry = 0, b""
+        while chunk := handle.read(CHUNK):
+            data = carry + chunk.lower()
+            at = data.find(needle)
+            while at >= 0:
+                yield base + at
+                at = data.find(needle, at + 1)
+            carry = data[len(data) - overlap :] if overlap else b""
+            base += len(data) - len(carry)
+
+
+def _matches_in(index: RunIndex, which: int, needle: bytes) -> set[int]:
     rows = [i for i in range(len(index)) if index.file[i] == which]
     path = index.source.rollouts if which == 0 else index.source.failures
-    if not rows or not path.exists() or path.stat().st_size == 0:
+    if not rows or not path.exists():
         return set()
     starts = [index.offset[i] for i in rows]
     found: set[int] = set()
-    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        for match in pattern.finditer(data):
-            at = bisect.bisect_right(starts, match.start()) - 1
-            if at >= 0 and match.start() < starts[at] + index.length[rows[at]]:
-                found.add(rows[at])
+    for position in _positions(path, needle):
+        at = bisect.bisect_right(starts, position) - 1
+        if at >= 0 and position < starts[at] + index.length[rows[at]]:
+            found.add(rows[at])
     return found
 
 
@@ -135,9 +149,8 @@ def text_matches(index: RunIndex, text: str) -> set[int]:
     if key in _searches:
         _searches.move_to_end(key)
         return _searches[key]
-    needle = orjson.dumps(text)[1:-1]
-    pattern = re.compile(re.escape(needle), re.IGNORECASE)
-    found = _matches_in(index, 0, pattern) | _matches_in(index, 1, pattern)
+    needle = orjson.dumps(text)[1:-1].lower()
+    found = _matches_in(index, 0, needle) | _matches_in(index, 1, needle)
     _searches[key] = found
     while len(_searches) > _SEARCH_CACHE:
         _searches.popitem(last=False)

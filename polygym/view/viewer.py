@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from polygym.net.listen import AppServer, bind_socket
+from polygym.view import pages
 from polygym.view.app import create_app
 from polygym.view.index import RunIndex, open_index
 from polygym.view.runs import discover
@@ -26,8 +27,11 @@ def open_runs(paths: Sequence[Path], echo: Callable[[str], None] = print) -> lis
     for source in sources:
         began = time.perf_counter()
         index = open_index(source)
+        pages.overview(index)  # computed now, so that the first page a person opens is quick
         echo(f"{source.name}: {len(index)} rows indexed in {time.perf_counter() - began:.2f}s")
         indexes.append(index)
+    if len(indexes) > 1:
+        pages.comparison(indexes[0], indexes[1])
     return indexes
 
 

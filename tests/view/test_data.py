@@ -168,3 +168,13 @@ def test_conversation_joins_calls_to_outputs_and_cuts_long_text() -> None:
         {"response": {"output": [{"type": "function_call_output", "call_id": "x", "output": 1}]}}
     )
     assert orphan[0].kind == "tool" and orphan[0].output == "1"
+
+
+def test_text_search_finds_words_across_read_chunks(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from polygym.view import query
+
+    index = open_index(discover(run))
+    expected = select(index, parse_filter({"q": "alert(1)"}))
+    monkeypatch.setattr(query, "CHUNK", 7)  # every match now straddles chunk boundaries
+    query._searches.clear()
+    assert select(index, parse_filter({"q": "ALERT(1)"})) == expected and len(expected) == 3
