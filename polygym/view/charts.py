@@ -25,12 +25,12 @@ def plotly_js() -> Path:
 
 def _layout(title: str, y_title: str, **extra: Any) -> dict[str, Any]:
     return {
-        "title": {"text": title, "font": {"size": 14}},
+        "title": {"text": title, "font": {"size": 14}, "x": 0.01, "xanchor": "left"},
         "margin": {"l": 50, "r": 10, "t": 40, "b": 40},
-        "height": 300,
+        "height": 340,
         "xaxis": {"title": {"text": "step"}},
-        "yaxis": {"title": {"text": y_title}},
-        "legend": {"orientation": "h", "y": -0.2},
+        "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
+        "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"},
         **extra,
     }
 
@@ -58,7 +58,17 @@ def reward_bars(summaries: list[EnvSummary]) -> dict[str, Any]:
     }
 
 
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+"""One colour per environment in every step plot, so its target line matches its realized one."""
+
+
+def _colours(series: dict[str, Series]) -> dict[str, str]:
+    envs = sorted(e for e in series if e != ALL_ENVS)
+    return {e: PALETTE[i % len(PALETTE)] for i, e in enumerate(envs)} | {ALL_ENVS: "#333333"}
+
+
 def _lines(series: dict[str, Series], name: str, **trace: Any) -> list[dict[str, Any]]:
+    colour = _colours(series)
     return [
         {
             "type": "scatter",
@@ -66,6 +76,8 @@ def _lines(series: dict[str, Series], name: str, **trace: Any) -> list[dict[str,
             "name": env_label(env),
             "x": s.steps,
             "y": s.values[name],
+            "marker": {"color": colour[env]},
+            "line": {"color": colour[env]},
             **trace,
         }
         for env, s in series.items()
@@ -82,7 +94,12 @@ def step_figures(series: dict[str, Series], validation: dict[str, dict[str, floa
         }
     ]
     shares = _lines(envs, "realized_share") + [
-        {**trace, "name": f"{trace['name']} target", "line": {"dash": "dot"}, "mode": "lines"}
+        {
+            **trace,
+            "name": f"{trace['name']} target",
+            "line": {**trace["line"], "dash": "dot"},
+            "mode": "lines",
+        }
         for trace in _lines(envs, "target_share")
     ]
     figures.append({"data": shares, "layout": _layout("realized (solid) vs target (dotted) share", "share")})
@@ -101,6 +118,7 @@ def step_figures(series: dict[str, Series], validation: dict[str, dict[str, floa
 
 
 def _token_share(envs: dict[str, Series]) -> list[dict[str, Any]]:
+    colour = _colours(envs)
     totals: dict[int, float] = {}
     for s in envs.values():
         for step, tokens in zip(s.steps, s.values["tokens"], strict=True):
@@ -110,6 +128,7 @@ def _token_share(envs: dict[str, Series]) -> list[dict[str, Any]]:
             "type": "scatter",
             "mode": "lines",
             "stackgroup": "tokens",
+            "line": {"color": colour[env]},
             "name": env_label(env),
             "x": s.steps,
             "y": [

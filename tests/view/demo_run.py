@@ -6,7 +6,7 @@ user message is an XSS attempt (``<script>``, ``onerror=``), shown in the prompt
 ``make_pair`` also writes a "new" run: the same rollouts with some
 tasks' rewards changed, so that Compare has flips in both directions.
 
-    python tests/view/demo_run.py runs        # writes runs/demo.jsonl and runs/demo_new.jsonl
+    python tests/view/demo_run.py runs    # runs/demo.jsonl, runs/demo_new.jsonl, runs/blend.jsonl
 """
 
 from __future__ import annotations
@@ -49,6 +49,32 @@ def make_run(folder: Path, name: str = "demo") -> Path:
     return output
 
 
+BLEND = """
+environments:
+  - name: example_single_tool_call
+    weight: 3
+  - name: example_multi_step
+    weight: 1
+prompts_per_step: 4
+responses_per_prompt: 2
+seed: 13
+"""
+
+
+def make_steps_run(folder: Path, steps: int = 6) -> Path:
+    """A step-wise run (``gym eval run --blend``) of both environments, 3:1; returns its output."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "blend.yaml").write_text(BLEND)
+    args = ["eval", "run", "--model-type", "scripted_model", "--blend", "blend.yaml", "--steps", str(steps)]
+    args += ["--output", "blend.jsonl", "--overwrite"]
+    done = subprocess.run(
+        [sys.executable, "-m", "polygym", *args], cwd=folder, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"gym eval run --blend failed:\n{done.stderr[-2000:]}")
+    return folder / "blend.jsonl"
+
+
 def make_pair(folder: Path) -> tuple[Path, Path]:
     """The demo run and a changed copy: tasks 0 and 6 now fail, the XSS task (10) now passes."""
     base = make_run(folder)
@@ -64,4 +90,5 @@ def make_pair(folder: Path) -> tuple[Path, Path]:
 
 
 if __name__ == "__main__":
-    print(*make_pair(Path(sys.argv[1] if len(sys.argv) > 1 else "runs")))
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "runs")
+    print(*make_pair(folder), make_steps_run(folder))

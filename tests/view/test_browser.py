@@ -21,7 +21,7 @@ from polygym.view.app import create_app
 from polygym.view.export import write_export
 from polygym.view.viewer import open_runs
 from tests.conftest import wait_until
-from tests.view.demo_run import XSS, make_pair
+from tests.view.demo_run import XSS, make_pair, make_steps_run
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -41,6 +41,12 @@ def viewer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     asyncio.run(server.start(timeout_s=30))
     yield server.url
     asyncio.run(server.stop(timeout_s=10))
+
+
+def serve(paths: list[Path]) -> ThreadServer:
+    server = ThreadServer(create_app(open_runs(paths, echo=lambda _: None)))
+    asyncio.run(server.start(timeout_s=30))
+    return server
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +160,43 @@ def test_export_draws_offline_under_its_own_csp(browser: object, shots: Path, tm
     assert "solved → unsolved" in text and "example_single_tool_call_simple_agent" in text
     browser.save_screenshot(str(shots / "export.png"))  # type: ignore[attr-defined]
     no_console_errors(browser)
+
+
+def test_steps_page_draws_every_plot(browser: object, shots: Path, tmp_path: Path) -> None:
+    server = serve([make_steps_run(tmp_path)])
+    try:
+        browser.get(f"{server.url}/run/0/steps")  # type: ignore[attr-defined]
+        assert wait_until(lambda: drawn(browser, 4), 10)
+        titles = browser.find_element(By.CSS_SELECTOR, ".figures").text  # type: ignore[attr-defined]
+        for title in ("mean reward per environment per step", "realized (solid) vs target", "stragglers"):
+            assert title in titles
+        legend = browser.find_elements(By.CSS_SELECTOR, ".figures .legendtext")  # type: ignore[attr-defined]
+        assert "example_multi_step target" in {t.text for t in legend}
+        browser.save_screenshot(str(shots / "steps.png"))  # type: ignore[attr-defined]
+        no_console_errors(browser)
+    finally:
+        asyncio.run(server.stop(timeout_s=10))
+
+
+def test_live_run_refreshes_as_rows_arrive(browser: object, tmp_path: Path) -> None:
+    base, _ = make_pair(tmp_path / "done")
+    lines = base.read_bytes().splitlines(keepends=True)
+    growing = tmp_path / "live" / "run.jsonl"
+    growing.parent.mkdir()
+    growing.write_bytes(b"".join(lines[:5]) + lines[5][:40])  # and a half-written line
+    server = serve([growing])
+    try:
+        browser.get(f"{server.url}/run/0")  # type: ignore[attr-defined]
+        assert "live · 5 rows" in browser.find_element(By.ID, "live").text  # type: ignore[attr-defined]
+        with growing.open("ab") as handle:
+            handle.write(lines[5][40:] + b"".join(lines[6:9]))
+
+        def shows_nine() -> bool:
+            try:
+                return "9 rows" in browser.find_element(By.ID, "live").text  # type: ignore[attr-defined]
+            except Exception:  # the page is reloading
+                return False
+
+        assert wait_until(shows_nine, 15)
+    finally:
+        asyncio.run(server.stop(timeout_s=10))
