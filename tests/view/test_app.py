@@ -37,6 +37,14 @@ def test_pages_answer_with_security_headers(client: TestClient) -> None:
     assert client.get("/run/1/count.json").json() == {"rows": 22, "live": True}
 
 
+def test_failure_row_shows_its_error(client: TestClient) -> None:
+    rows = client.get("/run/0/rollouts?status=failed").text
+    number = re.search(r'data-row="(\d+)"', rows)
+    assert number is not None
+    page = client.get(f"/run/0/rollouts/{number.group(1)}").text
+    assert "failed: HTTP 500" in page and "scripted error" in page and "Oslo" in page
+
+
 def test_read_only_bounded_and_no_paths(client: TestClient) -> None:
     assert client.post("/run/0").status_code == 405
     assert client.get("/run/0/rollouts?q=" + "x" * 5000).status_code == 414

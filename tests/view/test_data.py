@@ -178,3 +178,25 @@ def test_text_search_finds_words_across_read_chunks(run: Path, monkeypatch: pyte
     monkeypatch.setattr(query, "CHUNK", 7)  # every match now straddles chunk boundaries
     query._searches.clear()
     assert select(index, parse_filter({"q": "ALERT(1)"})) == expected and len(expected) == 3
+
+
+def test_steps_later_line_wins_and_validation_per_agent(tmp_path: Path) -> None:
+    from polygym.view.steps import read_steps, read_validation
+
+    log = tmp_path / "train_log.jsonl"
+    write(
+        log,
+        [
+            {"step": 0, "env": "a", "reward_mean": 0.1, "target_share": 0.5, "realized_share": 0.4},
+            {"step": 1, "env": "a", "reward_mean": 0.2},
+            {"step": 0, "env": "a", "reward_mean": 0.3},  # step 0 collected again after a resume
+            {"step": 0, "env": ALL_ENVS, "reward_mean": 0.3},
+        ],
+    )
+    series = read_steps(log)
+    assert list(series) == ["a", ALL_ENVS]
+    assert series["a"].steps == [0, 1] and series["a"].values["reward_mean"] == [0.3, 0.2]
+    assert series["a"].values["target_share"] == [None, None]
+    metrics = tmp_path / "validation_before_aggregate_metrics.json"
+    metrics.write_bytes(orjson.dumps([{"agent_ref": {"name": "a"}, "agent_metrics": {"mean/reward": 0.25}}]))
+    assert read_validation({"validation_before": metrics}) == {"validation_before": {"a": 0.25}}
