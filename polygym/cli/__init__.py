@@ -16,6 +16,7 @@ from polygym.cli.env_tools import ENV_COMMANDS, list_group
 from polygym.cli.eval import eval_group
 from polygym.cli.health import health_check_command
 from polygym.cli.train import train
+from polygym.cli.view import view
 
 
 @click.group(cls=SuggestingGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -32,6 +33,7 @@ gym.add_command(eval_group, name="eval")
 gym.add_command(data)
 gym.add_command(train)
 gym.add_command(list_group)
+gym.add_command(view)
 
 
 def main() -> None:
