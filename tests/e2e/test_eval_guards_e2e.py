@@ -214,10 +214,6 @@ async def test_the_collector_timeout_cancels_an_in_process_rollout(ticker: Path)
         await stack.stop()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="needs servers to cancel a handler whose client disconnected (wt-net, issue #13.11)",
-)
 def test_the_collector_timeout_stops_a_rollout_over_http(ticker: Path, start_stack: Any) -> None:
     """The collector closes its connection to the agent at the timeout; the agent's server must
     then cancel the rollout: no model turn after the timeout."""
