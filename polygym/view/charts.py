@@ -35,6 +35,16 @@ def _layout(title: str, y_title: str, **extra: Any) -> dict[str, Any]:
     }
 
 
+def _above(s: EnvSummary) -> float:
+    r = s.reward
+    return 0.0 if r.high is None or r.mean is None else r.high - r.mean
+
+
+def _below(s: EnvSummary) -> float:
+    r = s.reward
+    return 0.0 if r.low is None or r.mean is None else r.mean - r.low
+
+
 def reward_bars(summaries: list[EnvSummary]) -> dict[str, Any]:
     """Mean reward per environment with its 95% interval over tasks."""
     envs = [s for s in summaries if s.reward.mean is not None]
@@ -46,7 +56,9 @@ def reward_bars(summaries: list[EnvSummary]) -> dict[str, Any]:
                 "y": [s.reward.mean for s in envs],
                 "error_y": {
                     "type": "data",
-                    "array": [s.reward.half_width or 0 for s in envs],
+                    "symmetric": False,
+                    "array": [_above(s) for s in envs],
+                    "arrayminus": [_below(s) for s in envs],
                     "visible": True,
                 },
                 "hovertemplate": "%{x}: %{y:.3f}<extra></extra>",

@@ -237,7 +237,7 @@ def summary_cells(s: EnvSummary) -> dict[str, str]:
     r = s.reward
     return {
         "reward": fmt(r.mean),
-        "ci": f"± {r.half_width:.3f}" if r.half_width is not None else "",
+        "ci": f"[{r.low:.3f}, {r.high:.3f}]" if r.low is not None and r.high is not None else "",
         "tokens": f"{s.tokens_mean:.0f}" if s.tokens_mean is not None else DASH,
         "turns": f"{s.turns_mean:.1f}" if s.turns_mean is not None else DASH,
         **{

@@ -3,7 +3,8 @@
 **Confidence intervals are over tasks, not rollouts.** The repeats of one task are correlated (an
 easy task passes every time), so treating 8 repeats of 50 tasks as 400 independent samples would
 make an interval far too narrow. Each task's mean reward is one sample; the interval is the normal
-approximation mean +/- 1.96 standard errors of those task means (none below two tasks).
+approximation mean +/- 1.96 standard errors of those task means (none below two tasks), cut to
+the range of the task means, which the mean can never leave.
 
 **Comparing two runs** pairs tasks by their prompt (``RunIndex.task_key``): where both runs have
 tasks in common the delta is the mean of the per-task differences and its interval comes from
@@ -37,9 +38,10 @@ class Estimate:
     n: int
     """Samples (tasks) behind it."""
 
-    @property
-    def half_width(self) -> float | None:
-        return None if self.high is None or self.mean is None else self.high - self.mean
+
+def _half_width(values: Sequence[float]) -> float:
+    """1.96 standard errors of the mean of ``values`` (at least two)."""
+    return Z95 * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def estimate(values: Sequence[float]) -> Estimate:
@@ -49,8 +51,9 @@ def estimate(values: Sequence[float]) -> Estimate:
     mean = statistics.fmean(values)
     if len(values) < 2:
         return Estimate(mean, None, None, len(values))
-    half = Z95 * statistics.stdev(values) / math.sqrt(len(values))
-    return Estimate(mean, mean - half, mean + half, len(values))
+    half = _half_width(values)
+    # A mean never leaves the range of what it averages: rewards in [0, 1] get no interval past 1.
+    return Estimate(mean, max(min(values), mean - half), min(max(values), mean + half), len(values))
 
 
 def env_rows(index: RunIndex) -> dict[str, list[int]]:
@@ -152,9 +155,9 @@ def delta(base: dict[str, float], new: dict[str, float]) -> tuple[Estimate, int]
     a, b = estimate(list(base.values())), estimate(list(new.values()))
     if a.mean is None or b.mean is None:
         return Estimate(None, None, None, 0), 0
-    if a.half_width is None or b.half_width is None:
+    if a.n < 2 or b.n < 2:
         return Estimate(b.mean - a.mean, None, None, min(a.n, b.n)), 0
-    half = math.hypot(a.half_width, b.half_width)
+    half = math.hypot(_half_width(list(base.values())), _half_width(list(new.values())))
     diff = b.mean - a.mean
     return Estimate(diff, diff - half, diff + half, min(a.n, b.n)), 0
 

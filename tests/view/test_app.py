@@ -42,7 +42,7 @@ def test_failure_row_shows_its_error(client: TestClient) -> None:
     number = re.search(r'data-row="(\d+)"', rows)
     assert number is not None
     page = client.get(f"/run/0/rollouts/{number.group(1)}").text
-    assert "failed: HTTP 500" in page and "scripted error" in page and "Oslo" in page
+    assert "failed: HTTP 400" in page and "scripted error" in page and "Oslo" in page
 
 
 def test_read_only_bounded_and_no_paths(client: TestClient) -> None:

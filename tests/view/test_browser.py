@@ -82,7 +82,7 @@ def test_overview_shows_environment_rows_and_a_plot(browser: object, viewer: str
     names = [r.find_element(By.CSS_SELECTOR, "td.name").text for r in rows]
     assert names == ["example_multi_step_simple_agent", "example_single_tool_call_simple_agent", "(all)"]
     single = rows[1].text
-    assert "HTTP 500: 2" in single and "0.833" in single  # 2 failures; 5 of 6 tasks solved
+    assert "HTTP 400: 2" in single and "0.833" in single  # 2 failures; 5 of 6 tasks solved
     assert wait_until(lambda: drawn(browser, 1), 10)
     browser.save_screenshot(str(shots / "overview.png"))  # type: ignore[attr-defined]
     no_console_errors(browser)

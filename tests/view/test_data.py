@@ -124,10 +124,15 @@ def test_filters_narrow_and_page(run: Path) -> None:
 
 
 def test_ci_is_over_task_means() -> None:
-    est = estimate([1.0, 0.0, 1.0, 0.0])
+    est = estimate([1.0, 0.0] * 4)
     assert est.mean == 0.5 and est.low is not None and est.high is not None
-    assert est.high - est.low == pytest.approx(2 * 1.959964 * (0.5773502691896257 / 2), rel=1e-6)
+    assert est.high - est.low == pytest.approx(2 * 1.959964 * (0.5345224838248488 / 8**0.5), rel=1e-6)
     assert estimate([1.0]).low is None and estimate([]).mean is None
+
+
+def test_ci_never_leaves_the_range_of_the_task_means() -> None:
+    est = estimate([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])  # normal approximation: about [0.53, 1.14]
+    assert est.high == 1.0 and est.low is not None and 0.5 < est.low < est.mean
 
 
 def test_summary_per_env(run: Path) -> None:
