@@ -45,6 +45,7 @@ from polygym.blend.spec import BlendSpec
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.rollouts import Limits, Result, collect, failure_record
 from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, prepare
+from polygym.collect.run_lock import RunLock
 from polygym.jsonl import JsonlAppender, iter_jsonl, write_jsonl
 from polygym.net.client import ServerClient
 from polygym.row import (
@@ -409,7 +410,7 @@ async def run_steps(
     on_step: Callable[[StepReport], None] | None = None,
 ) -> list[StepReport]:
     """Collect ``settings.steps`` training steps from ``settings.start_step`` into ``output`` (see
-    the module doc).
+    the module doc), holding the output's ``RunLock`` throughout.
 
     ``start_step > 0`` continues a run: records of steps >= start_step are dropped from the files
     first (the partial step of an interrupted run), the rest is kept. Raises RunFileError when the
@@ -417,15 +418,16 @@ async def run_steps(
     """
     blend = spec if isinstance(spec, Blend) else load_blend(spec)
     files = StepFiles(output)
-    prepare_step_files(files, blend.sampler(), settings, overwrite)
-    summary = RunSummary(total=settings.steps * blend.spec.global_batch_size, skipped=0)
     reports: list[StepReport] = []
-    async for report in stream_steps(client, blend, files, settings, summary):
-        report.rollouts = []  # kept on disk; a long run must not hold every rollout in memory
-        reports.append(report)
-        if on_step is not None:
-            on_step(report)
-    await write_aggregate_metrics(files, client, summary)
+    with RunLock(files):  # one run per output, as for gym eval run (a second is refused)
+        prepare_step_files(files, blend.sampler(), settings, overwrite)
+        summary = RunSummary(total=settings.steps * blend.spec.global_batch_size, skipped=0)
+        async for report in stream_steps(client, blend, files, settings, summary):
+            report.rollouts = []  # kept on disk; a long run must not hold every rollout in memory
+            reports.append(report)
+            if on_step is not None:
+                on_step(report)
+        await write_aggregate_metrics(files, client, summary)
     return reports
 
 

@@ -14,7 +14,6 @@ from polygym.cli.data import data
 from polygym.cli.env import env
 from polygym.cli.env_tools import ENV_COMMANDS, list_group
 from polygym.cli.eval import eval_group
-from polygym.cli.health import health_check_command
 from polygym.cli.train import train
 from polygym.cli.view import view
 
@@ -28,7 +27,6 @@ def gym() -> None:
 for command in ENV_COMMANDS:
     env.add_command(command)
 gym.add_command(env)
-eval_group.add_command(health_check_command)
 gym.add_command(eval_group, name="eval")
 gym.add_command(data)
 gym.add_command(train)

@@ -31,6 +31,7 @@ from polygym.cli.base import (
     selector_options,
 )
 from polygym.cli.compare import compare_command
+from polygym.cli.health import health_check_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
 from polygym.collect.dataset import DatasetError, load_jobs
@@ -56,6 +57,7 @@ def eval_group() -> None:
 
 
 eval_group.add_command(compare_command, name="compare")
+eval_group.add_command(health_check_command, name="health-check")
 
 
 def parse_per_agent(values: tuple[str, ...], flag: str, maximum: int) -> tuple[int | None, dict[str, int]]:

@@ -17,6 +17,7 @@ from polygym.blend.stepwise import STRAGGLER, StepFiles, StepSettings, run_steps
 from polygym.cli.train import next_step, run_blend
 from polygym.collect.rollouts import Limits
 from polygym.collect.run_files import RunFileError
+from polygym.collect.run_lock import OutputBusyError, RunLock
 from polygym.jsonl import iter_jsonl
 from polygym.row import ALL_ENVS, ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX
 from polygym.stack.catalog import selector_paths
@@ -203,3 +204,11 @@ async def test_run_blend_helper_starts_a_stack_and_prints_steps(
     )
     assert await run_blend(unknown, target, tmp_path / "u.jsonl", StepSettings(1)) == 2
     assert "unknown agent 'nobody'" in capsys.readouterr().err
+
+
+async def test_a_second_run_on_a_locked_output_is_refused(tmp_path: Path, stack: Stack) -> None:
+    """Two step-wise runs on one output would append the same steps twice: the second is refused."""
+    out = tmp_path / "steps.jsonl"
+    with RunLock(StepFiles(out)), pytest.raises(OutputBusyError, match="being written by another run"):
+        await run_steps(stack.client, spec(tmp_path), out, StepSettings(1, limits=Limits(concurrency=8)))
+    assert not out.exists()
