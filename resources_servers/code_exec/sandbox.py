@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from resources_servers.code_exec.containment import Contained, Containment, ContainmentError, Enforcement
 
@@ -64,7 +64,13 @@ PROBE_CODE = "def probe():\n    return 'ok'\n"
 
 
 class SandboxLimits(BaseModel):
-    """Per-run limits; each is enforced by the kernel or by this process, not by the submission."""
+    """Per-run limits; each is enforced by the kernel or by this process, not by the submission.
+
+    Unknown keys are an error, not ignored: a misspelled or renamed limit (``tmpfs_mb`` is now
+    ``disk_mb``) would otherwise leave the sandbox on a default its author did not choose.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     wall_s: float = Field(10.0, gt=0, description="whole run, from spawn to exit")
     cpu_s: float = Field(5.0, gt=0, description="RLIMIT_CPU of each process (SIGXCPU, then SIGKILL)")
@@ -94,6 +100,7 @@ class SandboxLimits(BaseModel):
 
 
 class SandboxConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # as for the limits: no setting silently ignored
     isolation: Literal["namespaces", "basic"] = "namespaces"
     enforcement: Enforcement = Field(
         "auto", description="whole-submission limits: auto takes a cgroup where one is writable"

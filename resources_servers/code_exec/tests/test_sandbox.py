@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from pydantic import ValidationError
 
 from resources_servers.code_exec.sandbox import RunResult, Sandbox, SandboxConfig, parse_report
 
@@ -351,3 +352,13 @@ def test_report_parsing_takes_exactly_the_runner_sequence():
 def test_anything_but_the_runner_sequence_is_a_protocol_error(data):
     result = parsed(data)
     assert result.status == "protocol_error" and result.violation == "protocol_error"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"limits": {"tmpfs_mb": 64}}, {"limits": {"memory_mbb": 64}}, {"isolaton": "basic"}],
+    ids=["renamed", "misspelled limit", "misspelled setting"],
+)
+def test_an_unknown_sandbox_setting_is_an_error_not_a_default(config: dict) -> None:
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        SandboxConfig.model_validate(config)
