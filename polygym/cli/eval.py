@@ -36,6 +36,7 @@ from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
 from polygym.collect.dataset import DatasetError, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
+from polygym.collect.health import DEFAULT_QUARANTINE_MIN, DEFAULT_QUARANTINE_RATE, QUARANTINED, HealthMonitor
 from polygym.collect.job_plan import MAX_NUM_REPEATS, JobPlan, Materialization
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, MAX_CONCURRENCY, Limits
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
@@ -178,6 +179,21 @@ POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
     default=None,
     help="Exit 1 when more rollouts than this fail.",
 )
+@click.option(
+    "--quarantine-rate",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=DEFAULT_QUARANTINE_RATE,
+    show_default=True,
+    help="Stop an environment's rollouts once more than this share failed or was unhealthy "
+    "(see gym eval health-check); the others go on and the run exits 1. 1: never.",
+)
+@click.option(
+    "--quarantine-min",
+    type=click.IntRange(min=1),
+    default=DEFAULT_QUARANTINE_MIN,
+    show_default=True,
+    help="Rollouts of an environment seen before it can be quarantined.",
+)
 @click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")
 @click.option("--head-url", default=None, help="Head server of the running stack (with --no-serve).")
 @click.option("--backend", type=click.Choice(sorted(BACKENDS)), default="inline", show_default=True)
@@ -234,6 +250,8 @@ NOT_WITH_BLEND = {
     "agent": f"{_NOT_WITH} the spec names each environment's agent",
     "progress_interval": f"{_NOT_WITH} one line is printed per finished step",
     "allow_stack_change": f"{_NOT_WITH} step-wise runs check their steps, not their stack",
+    "quarantine_rate": f"{_NOT_WITH} every step keeps each environment's quota",
+    "quarantine_min": f"{_NOT_WITH} every step keeps each environment's quota",
 }
 """Options of ``gym eval run`` that only mean something for ``--input``, and why."""
 BLEND_ONLY = {name: "only applies with --blend SPEC" for name in ("steps", "start_step", "step_timeout_s")}
@@ -260,6 +278,9 @@ class EvalRunSettings:
     """With ``resume``: continue against a stack whose policy or environments changed (recorded)."""
     max_failures: int | None = None
     """Exit 1 when more rollouts than this fail (with ``--blend`` stragglers count as failed)."""
+    quarantine_rate: float = DEFAULT_QUARANTINE_RATE
+    quarantine_min: int = DEFAULT_QUARANTINE_MIN
+    """An environment is quarantined past ``quarantine_rate`` failed or unhealthy over this many."""
     input: Path | None = None
     """Dataset JSONL; exactly one of ``input`` and ``blend`` is set."""
     agent: str | None = None
@@ -290,6 +311,8 @@ class EvalRunSettings:
             overwrite=opts["overwrite"],
             allow_stack_change=opts["allow_stack_change"],
             max_failures=opts["max_failures"],
+            quarantine_rate=opts["quarantine_rate"],
+            quarantine_min=opts["quarantine_min"],
             input=opts["input_path"],
             agent=opts["agent"],
             limit=opts["limit"],
@@ -411,6 +434,7 @@ async def _collect(
         settings.progress_interval_s,
         settings.allow_stack_change,
         health,
+        HealthMonitor(settings.quarantine_rate, settings.quarantine_min),
     )
     try:
         summary = await until_interrupted(work)
@@ -420,6 +444,9 @@ async def _collect(
     _print_summary(files, summary)
     if health is not None and health.dead:
         _print_deaths(health, summary)
+        return EXIT_FAILURE
+    if summary.health.quarantined:
+        _print_quarantined(summary)
         return EXIT_FAILURE
     if settings.max_failures is not None and summary.failed > settings.max_failures:
         console(stderr=True).print(
@@ -437,6 +464,17 @@ def _print_deaths(health: StackHealth, summary: RunSummary) -> None:
     err.print(
         f"{summary.failures_by_class.get(SERVER_DIED, 0)} rollouts of {', '.join(stopped)} were not run "
         f"({SERVER_DIED} in the failures file); the other environments finished."
+    )
+
+
+def _print_quarantined(summary: RunSummary) -> None:
+    err = console(stderr=True)
+    for agent, why in summary.health.quarantined.items():
+        err.print(f"[red]error:[/] environment '{escape(agent)}' was quarantined: {escape(why)}")
+    err.print(
+        f"{summary.failures_by_class.get(QUARANTINED, 0)} of its rollouts were not run ({QUARANTINED} in "
+        "the failures file; --resume reruns them); the other environments finished. "
+        "See gym eval health-check for the findings."
     )
 
 

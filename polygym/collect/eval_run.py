@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from polygym import metrics
+from polygym.collect.health import HealthMonitor
 from polygym.collect.job_plan import JobPlan
 from polygym.collect.progress import Progress
 from polygym.collect.rollouts import Limits, Result, collect
@@ -39,6 +40,8 @@ class RunSummary:
     failures_by_class: Counter[str] = field(default_factory=Counter)
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     interrupted: bool = False
+    health: HealthMonitor = field(default_factory=lambda: HealthMonitor(quarantine_rate=1.0))
+    """Findings and quarantine decisions of this run's rollouts (quarantines nothing by default)."""
 
     @property
     def missing(self) -> int:
@@ -84,11 +87,15 @@ async def write_aggregate_metrics(
 ) -> list[dict[str, Any]]:
     """Per-agent metrics over every rollout in the output (this run's and resumed ones)."""
     by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    health = HealthMonitor()  # over the whole output, resumed rows included
     for rollout in iter_jsonl(files.output):
         by_agent[(rollout.get("agent_ref") or {}).get("name", "?")].append(reduce_rollout(rollout))
+        health.observe(rollout)
     failures: Counter[str] = Counter()
     for failure in iter_jsonl(files.failures):
         failures[(failure.get("agent_ref") or {}).get("name", "?")] += 1
+        health.observe_failure(failure)
+    health.finish()
     entries = []
     for agent in sorted(set(by_agent) | set(failures)):
         block = (
@@ -96,6 +103,7 @@ async def write_aggregate_metrics(
         )
         block["agent_metrics"]["num_failures"] = failures[agent]
         block["agent_metrics"].update(latency_metrics(summary.latencies.get(agent, [])))
+        block["agent_metrics"].update(health.metrics(agent))
         block["key_metrics"]["num_failures"] = failures[agent]
         entries.append({"agent_ref": {"type": AGENT_KIND, "name": agent}, **block})
     files.metrics.write_bytes(orjson.dumps(entries, option=orjson.OPT_INDENT_2))
@@ -112,13 +120,15 @@ async def run_eval(
     progress_interval_s: float = 10.0,
     allow_stack_change: bool = False,
     health: StackHealth | None = None,
+    monitor: HealthMonitor | None = None,
 ) -> RunSummary:
     """Collect every job not yet done into ``files``; cancellation leaves a resumable run.
 
     The output is locked for the whole run (``RunLock``: a second run on it is refused), the stack
     is recorded and, on resume, checked against the recorded one (``run_stack``), and jobs are
     expanded one at a time: each is appended to the materialized inputs as it is dispatched, so
-    neither memory nor that file grows before the rollouts do.
+    neither memory nor that file grows before the rollouts do. ``monitor`` watches every result's
+    health and quarantines an environment past its thresholds (``summary.health.quarantined``).
     """
     plan = jobs if isinstance(jobs, JobPlan) else JobPlan.from_jobs(jobs)
     with RunLock(files):
@@ -126,15 +136,17 @@ async def run_eval(
         check_stack(files, await read_identity(client), allow_stack_change)
         done = {key for key in done_keys(files.output) if plan.agent_of(key) is not None} if resume else set()
         summary = RunSummary(total=len(plan), skipped=len(done))
+        if monitor is not None:
+            summary.health = monitor
         already = Counter(plan.agent_of(key) or "?" for key in done)
         with (
             RolloutWriter(files) as writer,
             JsonlAppender(files.materialized) as inputs,
-            Progress(dict(plan.totals()), dict(already), progress_interval_s) as progress,
+            Progress(dict(plan.totals()), dict(already), progress_interval_s, summary.health) as progress,
         ):
             todo = _dispatch(plan, done, inputs, count_rows(files.materialized) if resume else 0)
             try:
-                async for result in collect(todo, client, limits, health):
+                async for result in collect(todo, client, limits, health, summary.health):
                     _record(result, writer, summary)
                     progress.update(result)
             except BaseException:
@@ -161,9 +173,12 @@ def _record(result: Result, writer: RolloutWriter, summary: RunSummary) -> None:
     if result.ok:
         assert result.rollout is not None
         writer.rollout(result.rollout)
+        summary.health.observe(result.rollout)
         summary.succeeded += 1
     else:
         assert result.failure is not None
         writer.failure(result.failure)
+        summary.health.observe_failure(result.failure)
         summary.failed += 1
         summary.failures_by_class[result.failure["error_class"]] += 1
+    summary.health.quarantine(result.job.agent)

@@ -8,8 +8,9 @@ Each is a *finding* on one rollout or one task, with its kind and a short detail
 
 ``HealthMonitor`` takes rollouts and failures one at a time, so the same code serves a finished
 run (``gym eval health-check RUN``) and collection in progress (rates per environment as rows
-arrive, and ``quarantine_reason`` once an environment's failure or unhealthy rate passes a
-threshold over enough rollouts). Task-level findings need every repeat, so ``finish`` adds them.
+arrive, and ``quarantine`` once an environment's failure or unhealthy rate passes a threshold over enough
+rollouts: the collector then stops sending its rollouts, recorded as ``Quarantined``, while the
+other environments go on). Task-level findings need every repeat, so ``finish`` adds them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from polygym.collect.stack_watch import SERVER_DIED
 from polygym.json_schema import validation_errors
 from polygym.row import PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward
 
@@ -40,6 +42,10 @@ TASK_KINDS = (NEVER_SOLVED, ALWAYS_FAILED)
 
 DEFAULT_QUARANTINE_RATE = 0.5
 DEFAULT_QUARANTINE_MIN = 20
+QUARANTINED = "Quarantined"
+"""``error_class`` of a rollout not run because its environment was quarantined."""
+NOT_THE_ENVIRONMENTS = frozenset({QUARANTINED, SERVER_DIED})
+"""Failure classes that say nothing new about the environment (they follow from a decision made)."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,8 @@ class HealthMonitor:
     quarantine_rate: float = DEFAULT_QUARANTINE_RATE
     quarantine_min: int = DEFAULT_QUARANTINE_MIN
     findings: list[Finding] = field(default_factory=list)
+    quarantined: dict[str, str] = field(default_factory=dict)
+    """Environment -> why its rollouts stopped (``quarantine`` decides, once per environment)."""
     envs: dict[str, EnvHealth] = field(default_factory=lambda: defaultdict(EnvHealth))
     _seen: set[tuple[str, Any, Any]] = field(default_factory=set)
     _tasks: dict[tuple[str, Any], list[bool | None]] = field(default_factory=lambda: defaultdict(list))
@@ -202,6 +210,8 @@ class HealthMonitor:
     def observe_failure(self, failure: Mapping[str, Any]) -> None:
         """Record one failed rollout (a ``_failures.jsonl`` record)."""
         env = env_of(failure)
+        if failure.get("error_class") in NOT_THE_ENVIRONMENTS:
+            return
         self.envs[env].failures += 1
         self._tasks[(env, failure.get(TASK_INDEX))].append(None)
 
@@ -216,6 +226,12 @@ class HealthMonitor:
                 return f"{what} {rate:.0%} over {health.seen} rollouts (threshold {self.quarantine_rate:.0%})"
         return None
 
+    def quarantine(self, env: str) -> str | None:
+        """Quarantine ``env`` when ``quarantine_reason`` says so; returns the reason if quarantined."""
+        if env not in self.quarantined and (reason := self.quarantine_reason(env)) is not None:
+            self.quarantined[env] = reason
+        return self.quarantined.get(env)
+
     def finish(self) -> list[Finding]:
         """Add the task-level findings (every repeat known); returns them."""
         found = []
@@ -228,6 +244,14 @@ class HealthMonitor:
             self.envs[finding.env].kinds[finding.kind] += 1
         self.findings.extend(found)
         return found
+
+    def metrics(self, env: str) -> dict[str, int]:
+        """``health/...`` counts of one environment, for its entry in ``_aggregate_metrics.json``."""
+        health = self.envs.get(env, EnvHealth())
+        return {
+            "health/unhealthy_rollouts": health.unhealthy,
+            **{f"health/{k}": n for k, n in sorted(health.kinds.items())},
+        }
 
     def summary(self) -> dict[str, Any]:
         """Per environment: counts, rates and findings by kind (what the report and metrics show)."""

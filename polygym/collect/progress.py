@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from polygym.collect.health import HealthMonitor
 from polygym.collect.rollouts import Result
 from polygym.row import reward
 
@@ -44,8 +45,14 @@ class Progress:
     """Counts results per agent and shows them; ``summary()`` is the closing table."""
 
     def __init__(
-        self, totals: dict[str, int], already_done: dict[str, int], interval_s: float = 10.0
+        self,
+        totals: dict[str, int],
+        already_done: dict[str, int],
+        interval_s: float = 10.0,
+        health: HealthMonitor | None = None,
     ) -> None:
+        self.health = health
+        """Shown as each agent's unhealthy count, and QUARANTINED once it is (the collector's own)."""
         self.tallies: dict[str, AgentTally] = defaultdict(AgentTally)
         for agent, total in totals.items():
             self.tallies[agent].total = total
@@ -103,9 +110,12 @@ class Progress:
         done = sum(t.done for t in self.tallies.values())
         failed = sum(t.failed for t in self.tallies.values())
         parts = [
-            f"{name}: {t.done}/{t.total} reward {t.mean_reward:.3f}"
-            if t.mean_reward is not None
-            else f"{name}: {t.done}/{t.total}"
+            (
+                f"{name}: {t.done}/{t.total} reward {t.mean_reward:.3f}"
+                if t.mean_reward is not None
+                else f"{name}: {t.done}/{t.total}"
+            )
+            + self._health_note(name)
             for name, t in self.tallies.items()
         ]
         return (
@@ -117,9 +127,19 @@ class Progress:
         table = Table(
             title=f"rollouts: {self._rate():.1f}/s, ETA {_fmt_duration(self._eta())}", title_justify="left"
         )
-        for column in ("agent", "done", "total", "failed", "mean reward"):
-            table.add_column(column, justify="left" if column == "agent" else "right")
+        for column in ("agent", "done", "total", "failed", "mean reward", "health"):
+            table.add_column(column, justify="left" if column in ("agent", "health") else "right")
         for name, tally in self.tallies.items():
             reward = f"{tally.mean_reward:.3f}" if tally.mean_reward is not None else "-"
-            table.add_row(name, str(tally.done), str(tally.total), str(tally.failed), reward)
+            health = self._health_note(name).strip(" ()") or "ok"
+            table.add_row(name, str(tally.done), str(tally.total), str(tally.failed), reward, health)
         return table
+
+    def _health_note(self, agent: str) -> str:
+        """What the health monitor says of ``agent``: `` (3 unhealthy)``, `` (QUARANTINED: ..)`` or ``""``."""
+        if self.health is None:
+            return ""
+        if (why := self.health.quarantined.get(agent)) is not None:
+            return f" (QUARANTINED: {why})"
+        entry = self.health.envs.get(agent)
+        return f" ({entry.unhealthy} unhealthy)" if entry is not None and entry.unhealthy else ""

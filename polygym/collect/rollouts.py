@@ -26,6 +26,7 @@ from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from polygym.collect.health import QUARANTINED, HealthMonitor
 from polygym.collect.stack_watch import SERVER_DIED, StackHealth
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
@@ -87,10 +88,13 @@ def failure_record(job: Job, error_class: str, message: str, latency_s: float) -
 class _Runner:
     """Runs single jobs; tracks which agents are down."""
 
-    def __init__(self, client: ServerClient, limits: Limits, health: StackHealth | None) -> None:
+    def __init__(
+        self, client: ServerClient, limits: Limits, health: StackHealth | None, monitor: HealthMonitor | None
+    ) -> None:
         self.client = client
         self.limits = limits
         self.health = health
+        self.monitor = monitor
         self.down: set[str] = set()
         self.agent_slots = {a: asyncio.Semaphore(n) for a, n in limits.per_agent.items()}
 
@@ -99,6 +103,9 @@ class _Runner:
         async with slot if slot is not None else contextlib.nullcontext():
             if (dead := self._blocker(job)) is not None:
                 return Result(job, 0.0, failure=failure_record(job, SERVER_DIED, dead, 0.0))
+            if self.monitor is not None and (why := self.monitor.quarantined.get(job.agent)) is not None:
+                message = f"not run: environment quarantined ({why})"
+                return Result(job, 0.0, failure=failure_record(job, QUARANTINED, message, 0.0))
             return await self._run(job)
 
     def _blocker(self, job: Job) -> str | None:
@@ -142,14 +149,17 @@ async def collect(
     client: ServerClient,
     limits: Limits | None = None,
     health: StackHealth | None = None,
+    monitor: HealthMonitor | None = None,
 ) -> AsyncGenerator[Result, None]:
     """Yield a Result for every job, in completion order.
 
     Stopping the iteration early (``break``, or cancelling the consumer) cancels the rollouts in
     flight; the jobs not yielded are simply not done, which is what ``--resume`` relies on.
+    Jobs of an agent that ``health`` knows a dead server of, or that ``monitor`` has quarantined,
+    are recorded as failures at once instead of being sent.
     """
     limits = limits or Limits()
-    runner = _Runner(client, limits, health)
+    runner = _Runner(client, limits, health, monitor)
     pending = iter(jobs)
     results: asyncio.Queue[Result | None] = asyncio.Queue(maxsize=max(16, limits.concurrency))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,69 @@ def test_health_check_command_on_a_real_run(tmp_path: Path) -> None:
         timeout=60,
     )
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_an_unhealthy_environment_is_quarantined_and_the_others_finish(tmp_path: Path) -> None:
+    """Every weather rollout is hollow (an empty answer): after 4 of them the environment stops,
+    its remaining rollouts are recorded as Quarantined, the synonym rollouts all finish, exit 1."""
+    hollow = json.dumps([{"answer": ""}])
+    weather = [
+        json.loads(line)
+        for line in (ROOT / "resources_servers/example_single_tool_call/data/example.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    for row in weather:
+        row["responses_create_params"]["metadata"] = {"script": hollow}
+    synonyms = [
+        json.loads(line)
+        for line in (ROOT / "resources_servers/example_multi_step/data/example.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    write_jsonl(weather + synonyms, tmp_path / "in.jsonl")
+    run = subprocess.run(
+        gym_command(
+            "eval",
+            "run",
+            "--model-type",
+            "scripted_model",
+            "--resources-server",
+            "example_single_tool_call",
+            "--resources-server",
+            "example_multi_step",
+            "--input",
+            "in.jsonl",
+            "--output",
+            "out.jsonl",
+            "--num-repeats",
+            "4",
+            "--concurrency",
+            "2",
+            "--quarantine-min",
+            "4",
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 1, run.stderr
+    assert (
+        "environment 'example_single_tool_call_simple_agent' was quarantined: unhealthy rate 100%"
+        in run.stderr
+    )
+    failures = [json.loads(line) for line in (tmp_path / "out_failures.jsonl").read_text().splitlines()]
+    assert failures and {f["error_class"] for f in failures} == {health.QUARANTINED}
+    assert {f["agent_ref"]["name"] for f in failures} == {"example_single_tool_call_simple_agent"}
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    done = Counter(r["agent_ref"]["name"] for r in rows)
+    assert done["example_multi_step_simple_agent"] == 20
+    assert 4 <= done["example_single_tool_call_simple_agent"] < 20
+    metrics = {
+        m["agent_ref"]["name"]: m["agent_metrics"]
+        for m in orjson.loads((tmp_path / "out_aggregate_metrics.json").read_bytes())
+    }
+    weather_metrics = metrics["example_single_tool_call_simple_agent"]
+    assert weather_metrics["health/hollow_turn"] == done["example_single_tool_call_simple_agent"]
+    assert metrics["example_multi_step_simple_agent"]["health/unhealthy_rollouts"] == 0
