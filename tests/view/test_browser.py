@@ -24,6 +24,7 @@ from tests.conftest import wait_until
 from tests.view.demo_run import XSS, make_pair, make_steps_run
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -67,6 +68,26 @@ def shots(tmp_path: Path) -> Path:
     return folder
 
 
+def follow(browser: object, element: object) -> None:
+    """Click a link or submit button and wait until the next page has loaded.
+
+    A click returns before the navigation it starts; reading the page right away can find the old
+    page's elements (stale by the time they are read). The old ``<html>`` going stale and the new
+    document being complete is the sign the next page is there.
+    """
+    old = browser.find_element(By.TAG_NAME, "html")  # type: ignore[attr-defined]
+    element.click()  # type: ignore[attr-defined]
+
+    def loaded() -> bool:
+        try:
+            _ = old.tag_name  # raises once the old page is gone
+            return False
+        except StaleElementReferenceException:
+            return browser.execute_script("return document.readyState") == "complete"  # type: ignore[attr-defined]
+
+    assert wait_until(loaded, 10)
+
+
 def drawn(browser: object, count: int) -> bool:
     return len(browser.find_elements(By.CSS_SELECTOR, "[data-drawn] .main-svg")) >= count  # type: ignore[attr-defined]
 
@@ -90,7 +111,7 @@ def test_overview_shows_environment_rows_and_a_plot(browser: object, viewer: str
 
 def test_rollout_page_puts_tool_call_next_to_output(browser: object, viewer: str, shots: Path) -> None:
     browser.get(f"{viewer}/run/0/rollouts?env=example_multi_step_simple_agent")  # type: ignore[attr-defined]
-    browser.find_element(By.CSS_SELECTOR, "table.rollouts tbody tr td a").click()  # type: ignore[attr-defined]
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "table.rollouts tbody tr td a"))  # type: ignore[attr-defined]
     tools = browser.find_elements(By.CSS_SELECTOR, ".conversation .tool")  # type: ignore[attr-defined]
     assert len(tools) >= 2
     call, output = (
@@ -111,7 +132,7 @@ def test_filters_narrow_the_list(browser: object, viewer: str, shots: Path) -> N
     count = browser.find_element(By.ID, "count")  # type: ignore[attr-defined]
     assert count.text.startswith("24 of 24")
     browser.find_element(By.NAME, "status").send_keys("failed")  # type: ignore[attr-defined]
-    browser.find_element(By.CSS_SELECTOR, "form.filters button").click()  # type: ignore[attr-defined]
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "form.filters button"))  # type: ignore[attr-defined]
     assert browser.find_element(By.ID, "count").text.startswith("2 of 24")  # type: ignore[attr-defined]
     browser.get(f"{viewer}/run/0/rollouts?q=cape+town")  # type: ignore[attr-defined]
     # task 0 and the XSS task (a copy of task 0's row: its expected city is still Cape Town)
@@ -126,7 +147,7 @@ def test_filters_narrow_the_list(browser: object, viewer: str, shots: Path) -> N
 def test_xss_row_shows_as_text(browser: object, viewer: str, shots: Path) -> None:
     browser.get(f"{viewer}/run/0/rollouts?q=onerror")  # type: ignore[attr-defined]
     assert browser.find_element(By.ID, "count").text.startswith("2 of 24")  # type: ignore[attr-defined]
-    browser.find_element(By.CSS_SELECTOR, "table.rollouts tbody tr td a").click()  # type: ignore[attr-defined]
+    follow(browser, browser.find_element(By.CSS_SELECTOR, "table.rollouts tbody tr td a"))  # type: ignore[attr-defined]
     user = [m.text for m in browser.find_elements(By.CSS_SELECTOR, ".msg.role-user")]  # type: ignore[attr-defined]
     assert any(XSS in text for text in user)
     assert browser.find_elements(By.CSS_SELECTOR, "main img") == []  # type: ignore[attr-defined]
@@ -143,7 +164,7 @@ def test_compare_shows_flips_and_both_rollouts(browser: object, viewer: str, sho
     deltas = browser.find_element(By.CSS_SELECTOR, "table.deltas").text  # type: ignore[attr-defined]
     assert "paired" in deltas.lower() or "6" in deltas
     browser.save_screenshot(str(shots / "compare.png"))  # type: ignore[attr-defined]
-    flips[0].find_element(By.CSS_SELECTOR, "a.side").click()
+    follow(browser, flips[0].find_element(By.CSS_SELECTOR, "a.side"))
     left = browser.find_element(By.CSS_SELECTOR, ".side-left .verdict").text  # type: ignore[attr-defined]
     right = browser.find_element(By.CSS_SELECTOR, ".side-right .verdict").text  # type: ignore[attr-defined]
     assert "reward 1.000" in left and "reward 0.000" in right
