@@ -34,11 +34,13 @@ import time
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym.servers.base import HTTPError, JsonEndpoint, error_response, json_response
+from polygym.servers.inbound import InboundGuard
 
 REQUIRED_FIELDS = ("name", "kind", "implementation", "url")
 STACK_SECRET_HEADER = "x-polygym-stack-secret"
@@ -46,6 +48,8 @@ BY_LAUNCHER = "launcher"
 """``registered_by`` of a server the launcher registered in its own process."""
 BY_SECRET = "stack secret"
 """``registered_by`` of a server that registered over HTTP with the stack secret."""
+MAX_REGISTRATION_BYTES = 64 * 1024
+"""A registration is a few hundred bytes; anything past this is refused (413) before it is kept."""
 SAME_SERVER_FIELDS = ("url", "pid")
 """A repeated registration carrying the same values is the same server retrying, not a takeover."""
 
@@ -154,5 +158,6 @@ def head_app(
             Route("/servers", servers, methods=["GET"]),
             Route("/config", config, methods=["GET"]),
             Route("/register", register, methods=["POST"]),
-        ]
+        ],
+        middleware=[Middleware(InboundGuard, max_body_bytes=MAX_REGISTRATION_BYTES)],
     )

@@ -10,7 +10,14 @@ from polygym.cli.env import _unexpected
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, bind_socket
 from polygym.net.retry import NO_RETRY
-from polygym.stack.head import BY_LAUNCHER, BY_SECRET, STACK_SECRET_HEADER, Registry, head_app
+from polygym.stack.head import (
+    BY_LAUNCHER,
+    BY_SECRET,
+    MAX_REGISTRATION_BYTES,
+    STACK_SECRET_HEADER,
+    Registry,
+    head_app,
+)
 
 SECRET = "s3cret-for-this-test-only"
 
@@ -55,6 +62,14 @@ async def test_a_stranger_body_is_not_even_parsed(head: tuple[Registry, str, Ser
         "POST", f"{url}/register", headers={"content-type": "application/json"}, retry=NO_RETRY
     )
     assert reply.status == 401
+
+
+async def test_an_oversized_registration_is_refused_unread(head: tuple[Registry, str, ServerClient]) -> None:
+    registry, url, client = head
+    big = {**entry(), "padding": "x" * (MAX_REGISTRATION_BYTES + 1)}
+    code, _ = await post_register(client, url, big, SECRET)
+    assert code == 413 and registry.entries == {}
+    assert (await post_register(client, url, entry(), SECRET))[0] == 200
 
 
 async def test_registration_with_the_secret_is_recorded_as_such(
