@@ -24,6 +24,7 @@ import orjson
 
 from polygym.collect.stack_watch import SERVER_DIED
 from polygym.json_schema import validation_errors
+from polygym.protocol import item_text
 from polygym.row import PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward
 
 MODEL_ITEMS = frozenset({"message", "function_call", "reasoning"})
@@ -89,15 +90,6 @@ def model_turns(items: list[Any]) -> Iterator[list[dict[str, Any]]]:
         yield turn
 
 
-def _has_text(item: dict[str, Any]) -> bool:
-    content = item.get("content")
-    if isinstance(content, str):
-        return bool(content.strip())
-    return isinstance(content, list) and any(
-        isinstance(p, dict) and isinstance(p.get("text"), str) and p["text"].strip() for p in content
-    )
-
-
 def _offered_schemas(row: Mapping[str, Any]) -> dict[str, Any]:
     params = row.get("responses_create_params")
     tools = params.get("tools") if isinstance(params, dict) else None
@@ -124,7 +116,8 @@ def _argument_problems(call: dict[str, Any], schemas: dict[str, Any]) -> str | N
 def _hollow(turn: list[dict[str, Any]]) -> bool:
     """A turn with neither text nor a tool call (reasoning alone, an empty message)."""
     return not any(
-        it.get("type") == "function_call" or (it.get("type", "message") == "message" and _has_text(it))
+        it.get("type") == "function_call"
+        or (it.get("type", "message") == "message" and bool(item_text(it).strip()))
         for it in turn
     )
 
