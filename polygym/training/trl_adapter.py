@@ -98,6 +98,17 @@ class PolygymGRPO:
     def responses_per_prompt(self) -> int:
         return self.plan.responses_per_prompt
 
+    @property
+    def temperature(self) -> float:
+        """The temperature the policy samples at: TRL must compute training log-probs at it too.
+
+        TRL divides the logits by ``GRPOConfig.temperature`` before its log-softmax; if that differs
+        from the sampling temperature, the importance ratio and the loss are taken under a different
+        distribution from the one that produced the tokens, silently.
+        """
+        value = (self.collector.sampling or {}).get("temperature")
+        return 1.0 if value is None else float(value)
+
     # -- what TRL reads ------------------------------------------------------------------------------
     def train_dataset(self) -> Any:
         """The prompts of the steps to train, in step order (a ``datasets.Dataset``)."""
@@ -124,6 +135,7 @@ class PolygymGRPO:
             "generation_batch_size": batch,
             "num_generations": self.responses_per_prompt,
             "num_iterations": 1,
+            "temperature": self.temperature,
             "shuffle_dataset": False,
             "max_steps": self.steps,
             "beta": 0.0,
@@ -182,6 +194,20 @@ class PolygymGRPO:
             problems.append(f"num_generations must be responses_per_prompt ({self.responses_per_prompt})")
         if args.shuffle_dataset:
             problems.append("shuffle_dataset must be False (the blend's sampler orders the prompts)")
+        trained = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+        if trained != batch:
+            # TRL would split one generation batch over several optimizer steps, every step after
+            # the first trained on completions the policy no longer produces (off-policy, unwarned)
+            problems.append(
+                f"per_device_train_batch_size x gradient_accumulation_steps x world_size must be {batch} "
+                f"(one step per optimizer step), not {args.per_device_train_batch_size} x "
+                f"{args.gradient_accumulation_steps} x {args.world_size} = {trained}"
+            )
+        if not math.isclose(args.temperature, self.temperature):
+            problems.append(
+                f"temperature must be the sampling temperature {self.temperature} (TRL computes the "
+                f"training log-probs at it), not {args.temperature}"
+            )
         if getattr(args, "num_iterations", 1) != 1:
             problems.append("num_iterations must be 1 (each generation batch is a fresh polygym step)")
         if problems:

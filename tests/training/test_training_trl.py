@@ -135,6 +135,35 @@ def test_misaligned_prompts_and_configs_are_refused(setup: dict[str, Any]) -> No
     assert polygym_reward([], [], polygym_reward=[1.0, None, float("nan")]) == [1.0, None, None]
 
 
+def test_a_step_split_over_two_optimizer_steps_is_refused(setup: dict[str, Any]) -> None:
+    """A smaller per-device batch would train the second half of a step off-policy: refused."""
+    grpo = PolygymGRPO(setup["collector"], steps=2)
+    batch = grpo.prompts_per_step * grpo.responses_per_prompt
+    halved = grpo.grpo_config(setup["tmp"] / "t", per_device_train_batch_size=batch // 2)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps x world_size must be"):
+        grpo.trainer(setup["model"], setup["tokenizer"], halved)
+    accumulated = grpo.grpo_config(
+        setup["tmp"] / "t", per_device_train_batch_size=batch // 2, gradient_accumulation_steps=2
+    )
+    assert accumulated.per_device_train_batch_size * accumulated.gradient_accumulation_steps == batch
+    grpo._check_args(accumulated)  # the same step in two micro-batches is one optimizer step: fine
+
+
+def test_training_log_probs_use_the_sampling_temperature(setup: dict[str, Any]) -> None:
+    """The sampling temperature reaches TRL's config; a different one is refused."""
+    collector = setup["collector"]
+    original = collector.sampling
+    try:
+        collector.sampling = {**original, "temperature": 0.7}
+        grpo = PolygymGRPO(collector, steps=2)
+        assert grpo.grpo_config(setup["tmp"] / "t").temperature == pytest.approx(0.7)
+        mismatched = grpo.grpo_config(setup["tmp"] / "t", temperature=1.0)
+        with pytest.raises(ValueError, match=r"temperature must be the sampling temperature 0\.7"):
+            grpo.trainer(setup["model"], setup["tokenizer"], mismatched)
+    finally:
+        collector.sampling = original
+
+
 def test_plot_from_a_log(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
     lines = [
