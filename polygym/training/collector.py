@@ -67,6 +67,9 @@ class EnvTokenStats(EnvStepReport):
     generated_tokens: int
     turns_mean: float | None
     truncated: int
+    """Rollouts cut short: the episode, or at least one of its model calls."""
+    truncated_turns: int
+    """Model calls that stopped at the token limit, over all rollouts."""
     masked: int
     """Rollouts whose loss mask was zeroed (non-contiguous, no token ids, inconsistent ids)."""
     non_contiguous: int
@@ -105,6 +108,7 @@ def env_token_stats(report: EnvStepReport, rollouts: list[TokenRollout]) -> EnvT
         generated_tokens=sum(r.generated_tokens for r in rollouts),
         turns_mean=statistics.fmean(r.num_turns for r in rollouts) if rollouts else None,
         truncated=sum(r.truncated for r in rollouts),
+        truncated_turns=sum(r.truncated_turns for r in rollouts),
         masked=sum(r.masked for r in rollouts),
         non_contiguous=sum(not r.contiguous for r in rollouts),
         reward_components={k: statistics.fmean(v) for k, v in components.items()},

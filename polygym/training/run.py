@@ -257,6 +257,8 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         "masked_rollouts": sum(s.total.masked for s in steps),
         "non_contiguous_rollouts": sum(s.total.non_contiguous for s in steps),
         "failed_rollouts": sum(s.total.failures for s in steps),
+        "truncated_rollouts": sum(s.total.truncated for s in steps),
+        "truncated_turns": sum(s.total.truncated_turns for s in steps),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(out, steps, comparison, timings, summary)

@@ -68,7 +68,11 @@ class TokenRollout:
     num_turns: int = 0
     """Model calls in the episode."""
     truncated: bool = False
-    """The episode was cut short (token limit, context length, the agent's step limit)."""
+    """The episode was cut short (token limit, context length, the agent's step limit), or one of
+    its model calls was (``truncated_turns > 0``)."""
+    truncated_turns: int = 0
+    """Model calls that stopped at the row's ``max_output_tokens``: in a multi-turn game every turn
+    can be cut while the episode itself still ends ``completed``."""
     contiguous: bool = True
     masked: bool = False
     """True when ``loss_mask`` was zeroed because the rollout cannot be trained on as is."""
@@ -140,6 +144,19 @@ def is_truncated(rollout: dict[str, Any]) -> bool:
     return isinstance(response, dict) and response.get("status") == "incomplete"
 
 
+def output_token_limit(rollout: dict[str, Any]) -> int | None:
+    """The per-call generation limit the rollout was sampled with (``max_output_tokens``), if any."""
+    params = rollout.get("responses_create_params")
+    limit = params.get("max_output_tokens") if isinstance(params, dict) else None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def truncated_turns(calls: list[ModelCall], limit: int | None) -> int:
+    """Calls whose generation reached ``limit`` tokens (one that ended on its stop token exactly at
+    the limit counts too: the ids alone cannot tell the two apart)."""
+    return 0 if limit is None else sum(len(call.generation_ids) >= limit for call in calls)
+
+
 def assemble(rollout: dict[str, Any], env: str | None = None, input_keys: Iterable[str] = ()) -> TokenRollout:
     """The token rollout of one verified rollout row (as ``collect`` returns or ``X.jsonl`` holds).
 
@@ -151,6 +168,7 @@ def assemble(rollout: dict[str, Any], env: str | None = None, input_keys: Iterab
     calls = model_calls(output if isinstance(output, list) else [])
     ref = rollout.get("agent_ref")
     agent = ref.get("name") if isinstance(ref, dict) else None
+    cut_turns = truncated_turns(calls, output_token_limit(rollout))
     base = TokenRollout(
         env=str(env or rollout.get(ENV_FIELD) or agent or "?"),
         group_id=int(rollout.get(TASK_INDEX, 0)),
@@ -162,7 +180,8 @@ def assemble(rollout: dict[str, Any], env: str | None = None, input_keys: Iterab
         reward=reward(rollout),
         reward_components=reward_components(rollout, input_keys),
         num_turns=len(calls),
-        truncated=is_truncated(rollout),
+        truncated=is_truncated(rollout) or cut_turns > 0,
+        truncated_turns=cut_turns,
         step=rollout.get(STEP_FIELD) if isinstance(rollout.get(STEP_FIELD), int) else None,
     )
     if not calls:

@@ -235,3 +235,21 @@ def test_collector_continues_and_jumps_steps(tmp_path: Path) -> None:
 def test_collector_needs_exactly_one_stack(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="exactly one"):
         TokenCollector(load_blend(spec(tmp_path)), tmp_path / "x.jsonl")
+
+
+def test_turns_cut_at_the_token_limit_are_counted_per_turn_and_per_rollout() -> None:
+    """A game whose every turn hit max_output_tokens still ends "completed": it is truncated."""
+    game = {
+        "reward": 0.0,
+        "responses_create_params": {"input": [], "max_output_tokens": 2},
+        "response": {
+            "status": "completed",
+            "output": [call([1, 2], [3, 4], [-1, -2]), call([1, 2, 3, 4, 9], [5, 6], [-1, -1])],
+        },
+    }
+    rollout = assemble(game, env="g")
+    assert rollout.truncated_turns == 2 and rollout.truncated and not rollout.masked
+    short = {**game, "responses_create_params": {"input": [], "max_output_tokens": 8}}
+    assert assemble(short, env="g").truncated_turns == 0 and not assemble(short, env="g").truncated
+    unlimited = {**game, "responses_create_params": {"input": []}}
+    assert assemble(unlimited, env="g").truncated_turns == 0
