@@ -208,5 +208,3 @@ def load_blend(spec: BlendSpec, split: Split = "train", check_verifiers: bool = 
     if problems:
         raise DatasetError(problems)
     return Blend(spec, members, rows, split)
-
-

@@ -123,8 +123,8 @@ def selector_paths(resources_servers: list[str], model_types: list[str], configs
 
     Model types come first so that an environment's own file can refine model settings, and explicit
     ``--config`` files come last because they are the user's most specific intent. Every selector is
-    kept (NeMo Gym keeps only the last repeated one, contrary to its docs). All bad selectors are
-    reported together so one run shows every typo.
+    kept and merged in order, as NeMo Gym 0.7 does (0.4 kept only the last repeated one). All bad
+    selectors are reported together so one run shows every typo.
     """
     problems: list[str] = []
     paths: list[Path] = []
