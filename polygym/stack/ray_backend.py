@@ -264,6 +264,10 @@ class RayBackend:
     async def wait_failure(self) -> ServerFailure:
         return await self._failures.get()
 
+    def pids(self) -> dict[str, int]:
+        """Each serving replica's process (by registry slot), for CPU and memory accounting."""
+        return {slot_of(r.entry): int(r.entry["pid"]) for r in self.replicas if r.entry is not None}
+
     async def stop(self) -> None:
         """Drain each replica (bounded), then kill every actor; a local cluster goes too."""
         for task in self._watchers:
