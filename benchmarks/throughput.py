@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--latency-ms", default="0,200")
     parser.add_argument("--via", choices=["openai", "scripted"], default="openai")
     parser.add_argument("--collector", choices=["inproc", "http"], default="inproc")
-    parser.add_argument("--backend", choices=["inline", "subprocess"], default="inline")
+    parser.add_argument("--backend", choices=["inline", "subprocess", "ray"], default="inline")
     parser.add_argument("--max-seconds", type=float, default=60.0)
     parser.add_argument("--name", default="throughput")
     args = parser.parse_args()

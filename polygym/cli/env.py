@@ -17,6 +17,7 @@ from rich.table import Table
 
 from polygym.cli.base import (
     EXIT_FAILURE,
+    EXIT_USAGE,
     SuggestingGroup,
     console,
     fail,
@@ -25,6 +26,7 @@ from polygym.cli.base import (
     selector_options,
 )
 from polygym.cli.interrupt import Interrupted, until_interrupted
+from polygym.cli.placement_options import placement_options, replica_counts
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import NO_RETRY
 from polygym.stack import records as stacks
@@ -42,6 +44,8 @@ def env() -> None:
 
 REGISTRY_TIMEOUT_S = 2.0
 SERVER_COLUMNS = ("name", "kind", "implementation", "url", "pid", "registered by", "pool")
+REPLICA_COLUMNS = ("replica", "node", "restarts")
+"""Shown when the stack places replicas (the Ray backend): where each one runs, and how often it died."""
 
 
 def _cell(entry: dict[str, Any], field: str) -> str:
@@ -51,11 +55,14 @@ def _cell(entry: dict[str, Any], field: str) -> str:
 def server_table(servers: list[dict[str, Any]], title: str, health: dict[str, str] | None = None) -> Table:
     """One row per registry entry; every value came over the wire, so all of it is escaped."""
     table = Table(title=escape(title), title_justify="left")
-    for column in (*SERVER_COLUMNS, *(["health"] if health is not None else [])):
+    replicas = any("replica" in entry for entry in servers)
+    extra = REPLICA_COLUMNS if replicas else ()
+    for column in (*SERVER_COLUMNS, *extra, *(["health"] if health is not None else [])):
         table.add_column(column)
     for entry in servers:
         row = [_cell(entry, f) for f in ("name", "kind", "implementation", "url", "pid", "registered_by")]
         row.append(escape(pool_label(entry.get("pool_size"))))
+        row.extend(_cell(entry, f) for f in ("replica", "node_ip", "restarts") if replicas)
         if health is not None:
             status = escape(health.get(str(entry.get("name")), "?"))
             row.append(f"[green]{status}[/]" if status.startswith("ok") else f"[red]{status}[/]")
@@ -75,8 +82,10 @@ def pool_label(pool_size: Any) -> str:
     type=click.Choice(sorted(BACKENDS)),
     default=DEFAULT_BACKEND,
     show_default=True,
-    help="inline: one process, in-process calls; subprocess: one process per server.",
+    help="inline: one process, in-process calls; subprocess: one process per server; ray: one Ray "
+    "actor per server replica (pip install 'polygym[ray]').",
 )
+@placement_options
 @click.option("--head-host", default="127.0.0.1", show_default=True, help="Address of the head server.")
 @click.option(
     "--head-port",
@@ -100,6 +109,8 @@ def start(
     head_host: str,
     head_port: int | None,
     concurrency: int | None,
+    ray_address: str | None,
+    replicas: tuple[str, ...],
 ) -> None:
     """Start every server of the merged config in the foreground; Ctrl-C stops them all.
 
@@ -109,8 +120,19 @@ def start(
           --resources-server example_single_tool_call --resources-server example_multi_step
     """
     config = load_stack_config(resources_servers, model_types, configs, overrides)
-    code = run_async(_serve_foreground(Stack(config, backend, head_host, head_port, pool_size=concurrency)))
-    sys.exit(code)
+    try:
+        stack = Stack(
+            config,
+            backend,
+            head_host,
+            head_port,
+            pool_size=concurrency,
+            ray_address=ray_address,
+            replicas=replica_counts(replicas, config),
+        )
+    except (LaunchError, ConfigError) as exc:
+        fail(str(exc), EXIT_USAGE)
+    sys.exit(run_async(_serve_foreground(stack)))
 
 
 async def _serve_foreground(stack: Stack) -> int:

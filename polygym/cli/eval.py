@@ -33,6 +33,7 @@ from polygym.cli.base import (
 from polygym.cli.compare import compare_command
 from polygym.cli.health import health_check_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
+from polygym.cli.placement_options import NOT_WHEN_JOINING, placement_options, replica_counts
 from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
 from polygym.collect.dataset import DatasetError, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
@@ -197,6 +198,7 @@ POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
 @click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")
 @click.option("--head-url", default=None, help="Head server of the running stack (with --no-serve).")
 @click.option("--backend", type=click.Choice(sorted(BACKENDS)), default="inline", show_default=True)
+@placement_options
 @click.option("--temperature", type=float, default=None, help="Override every row's temperature.")
 @click.option("--top-p", type=float, default=None, help="Override every row's top_p.")
 @click.option("--max-output-tokens", type=int, default=None, help="Override every row's max_output_tokens.")
@@ -222,6 +224,8 @@ def run(ctx: click.Context, **opts: Any) -> None:
     if (opts["input_path"] is None) == (opts["blend_path"] is None):
         fail("pass exactly one of --input FILE or --blend SPEC", EXIT_USAGE)
     refuse_given(ctx, NOT_WITH_BLEND if opts["blend_path"] is not None else BLEND_ONLY)
+    if opts["no_serve"]:
+        refuse_given(ctx, NOT_WHEN_JOINING)
     settings = EvalRunSettings.from_options(opts)
     if settings.blend is None:
         sys.exit(run_async(_run(stack_target(opts), settings)))
@@ -342,7 +346,11 @@ def stack_target(opts: dict[str, Any], spec: BlendSpec | None = None) -> StackTa
         return StackTarget(head_url=discover_head(opts["head_url"]))
     selectors = (opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"])
     config = load_stack_config(*selectors) if spec is None else blend_stack_config(spec, *selectors)
-    return StackTarget(config, backend=opts["backend"])
+    try:
+        replicas = replica_counts(opts["replicas"], config)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+    return StackTarget(config, backend=opts["backend"], ray_address=opts["ray_address"], replicas=replicas)
 
 
 def _load(settings: EvalRunSettings, agents: list[str]) -> JobPlan:

@@ -26,6 +26,7 @@ import orjson
 from polygym.net import budget, failure
 from polygym.net.asgi_transport import ASGIApp, asgi_request, in_own_context
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES, ResponseTooLarge, read_limited
+from polygym.net.replicas import Replicas
 from polygym.net.retry import RetryPolicy
 from polygym.redact import redact_text
 from polygym.suggest import unknown_name_message
@@ -142,6 +143,7 @@ class ServerClient:
         self._local: dict[str, ASGIApp] = {}
         self._dispatch: dict[str, Dispatch] = {}
         self._addresses: dict[str, str] = {}
+        self._replicas = Replicas()
         self._session: aiohttp.ClientSession | None = None
 
     # -- name resolution -------------------------------------------------------------------
@@ -157,6 +159,7 @@ class ServerClient:
 
     def set_address(self, name: str, url: str) -> None:
         self._addresses[name] = url.rstrip("/")
+        self._replicas.set(name, [self._addresses[name]])
 
     async def servers(self) -> list[dict[str, Any]]:
         """The head server's registry: one dict per running server."""
@@ -172,8 +175,12 @@ class ServerClient:
         if name in self._addresses and not refresh:
             return self._addresses[name]
         if self.head_url is not None:
+            by_name: dict[str, list[str]] = {}
             for entry in await self.servers():
-                self._addresses[entry["name"]] = entry["url"].rstrip("/")
+                by_name.setdefault(entry["name"], []).append(entry["url"].rstrip("/"))
+            for known, urls in by_name.items():
+                self._addresses[known] = urls[0]
+                self._replicas.set(known, urls)
         if name not in self._addresses:
             raise UnknownServerError(
                 name, unknown_name_message("server", name, self._addresses), None, "UnknownServer"
@@ -201,6 +208,7 @@ class ServerClient:
 
         def forget() -> None:
             self._addresses.pop(name, None)  # it may come back on another port
+            self._replicas.forget(name)
 
         reply = await self._with_retries(
             target,
@@ -287,9 +295,13 @@ class ServerClient:
             async with asyncio.timeout(timeout_s):
                 served = await in_own_context(self._serve_local(name, method, path, body, cookies, left))
             return Reply(served[0], served[2], _cookies_from_headers(served[1]), _header_dict(served[1]))
-        url = await self.resolve(name)
+        await self.resolve(name)
+        url = self._replicas.pick(name, cookies)
         headers = {k.decode(): v.decode() for k, v in _json_headers(cookies)}
-        return await self._http(method, url + path, body, {**headers, **left.headers()}, timeout_s)
+        with self._replicas.outstanding(url):
+            reply = await self._http(method, url + path, body, {**headers, **left.headers()}, timeout_s)
+        self._replicas.remember(url, reply.cookies)
+        return reply
 
     async def _serve_local(
         self,

@@ -54,8 +54,19 @@ SAME_SERVER_FIELDS = ("url", "pid")
 """A repeated registration carrying the same values is the same server retrying, not a takeover."""
 
 
+def slot_of(entry: dict[str, Any]) -> str:
+    """The registry key of one replica: its name, with ``[i]`` for replicas after the first.
+
+    A name maps to its replicas (the Ray backend runs ``replicas: N`` copies of a server); each
+    replica holds a slot of its own, so one replica dying and coming back never touches the others,
+    and the first replica's key is the bare name that single-replica stacks always had.
+    """
+    replica = int(entry.get("replica") or 0)
+    return entry["name"] if replica == 0 else f"{entry['name']}[{replica}]"
+
+
 class Registry:
-    """Running servers by name; waiters are woken whenever the registry changes."""
+    """Running server replicas by slot (``slot_of``); waiters are woken whenever it changes."""
 
     def __init__(self) -> None:
         self.entries: dict[str, dict[str, Any]] = {}
@@ -66,7 +77,7 @@ class Registry:
         missing = [f for f in REQUIRED_FIELDS if not entry.get(f)]
         if missing:
             raise HTTPError(422, f"registration is missing: {', '.join(missing)}", "validation_error")
-        name = entry["name"]
+        name = slot_of(entry)
         held = self.entries.get(name)
         if held is not None:
             if all(held.get(f) == entry.get(f) for f in SAME_SERVER_FIELDS):
@@ -81,7 +92,7 @@ class Registry:
         self._notify()
 
     def remove(self, name: str) -> None:
-        """Forget ``name`` (the launcher, before it restarts that server)."""
+        """Forget slot ``name`` (the launcher, before it restarts that server or replica)."""
         if self.entries.pop(name, None) is not None:
             self._notify()
 

@@ -18,8 +18,9 @@ Connection pools follow the stack's concurrency: the pool size given to ``Stack`
 pool of every client the stack's servers use to reach each other; with none given it is unlimited
 (``stack_client``), never a fixed number that would cap a collector below its concurrency.
 
-A backend implements ``start`` / ``wait_failure`` / ``stop`` (``Backend`` below), which is all a
-Ray backend would need: servers never learn how they were placed.
+A backend implements ``start`` / ``wait_failure`` / ``stop`` (``Backend`` below); the third one,
+``ray`` (``stack.ray_backend``, imported only when chosen), places replicas of each server as Ray
+actors. Servers never learn how they were placed.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ import psutil
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, PortInUseError, bind_socket
 from polygym.stack import records as stacks
-from polygym.stack.config import ServerSpec, StackConfig
+from polygym.stack.config import ConfigError, ServerSpec, StackConfig
 from polygym.stack.head import Registry, head_app
 from polygym.stack.loader import build_server
+from polygym.stack.placement import placement_of
 
 DEFAULT_HEAD_PORT = 11000
 START_TIMEOUT_S = 60.0
@@ -186,7 +188,7 @@ class SubprocessBackend:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         payload = {
-            "spec": _spec_to_dict(spec),
+            "spec": spec_to_dict(spec),
             "head_url": head_url,
             "parent_pid": os.getpid(),
             "stack_secret": self._secret,
@@ -251,7 +253,7 @@ class SubprocessBackend:
         return {name: proc.pid for name, proc in self.procs.items()}
 
 
-def _spec_to_dict(spec: ServerSpec) -> dict[str, Any]:
+def spec_to_dict(spec: ServerSpec) -> dict[str, Any]:
     return {
         "name": spec.name,
         "kind": spec.kind,
@@ -273,10 +275,34 @@ def spec_from_dict(data: dict[str, Any]) -> ServerSpec:
     )
 
 
-BACKENDS: dict[str, type[InlineBackend] | type[SubprocessBackend]] = {
-    "inline": InlineBackend,
-    "subprocess": SubprocessBackend,
-}
+BACKENDS = ("inline", "subprocess", "ray")
+
+
+def make_backend(
+    name: str, pool_size: int | None, config: StackConfig, ray_address: str | None, replicas: dict[str, int]
+) -> Backend:
+    """The backend called ``name``; Ray is imported only when it is the one chosen.
+
+    Only the Ray backend places several replicas of a server: asking another for more than one
+    is refused here, naming the server, rather than quietly running one copy.
+    """
+    if name not in BACKENDS:
+        raise LaunchError(f"unknown backend '{name}'; choose one of {', '.join(BACKENDS)}")
+    if name == "ray":
+        try:
+            from polygym.stack.ray_backend import RayBackend
+        except ImportError as exc:
+            raise ConfigError([f"--backend ray needs Ray: pip install 'polygym[ray]' ({exc})"]) from exc
+        return RayBackend(pool_size, ray_address or config.globals.get("ray_address"), replicas)
+    if ray_address:
+        raise ConfigError([f"--ray-address needs --backend ray, not {name}"])
+    for spec in config.servers.values():
+        count = placement_of(spec.name, spec.config, replicas.get(spec.name)).replicas
+        if count > 1:
+            raise ConfigError(
+                [f"server '{spec.name}' asks for {count} replicas: replicas need --backend ray"]
+            )
+    return InlineBackend(pool_size) if name == "inline" else SubprocessBackend(pool_size)
 
 
 class Stack:
@@ -290,12 +316,13 @@ class Stack:
         head_port: int | None = None,
         record: bool = True,
         pool_size: int | None = None,
+        ray_address: str | None = None,
+        replicas: dict[str, int] | None = None,
     ) -> None:
-        """``pool_size``: the stack's concurrency, which sizes its servers' pools (None: no limit)."""
-        if backend not in BACKENDS:
-            raise LaunchError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
+        """``pool_size``: the stack's concurrency, which sizes its servers' pools (None: no limit);
+        ``ray_address`` and ``replicas`` (``--replicas NAME=N``) are for the Ray backend."""
         self.config = config
-        self.backend: InlineBackend | SubprocessBackend = BACKENDS[backend](pool_size)
+        self.backend: Backend = make_backend(backend, pool_size, config, ray_address, replicas or {})
         self.head_host = head_host
         self.head_port = head_port
         self.record = record
@@ -342,7 +369,10 @@ class Stack:
             stacks.write_stack(self.describe())
 
     def servers(self) -> list[dict[str, Any]]:
-        return [self.registry.entries[name] for name in self.config.servers if name in self.registry.entries]
+        """Every registered replica, in config order, then replica order."""
+        order = {name: i for i, name in enumerate(self.config.servers)}
+        entries = [e for e in self.registry.entries.values() if e["name"] in order]
+        return sorted(entries, key=lambda e: (order[e["name"]], int(e.get("replica") or 0)))
 
     def describe(self) -> dict[str, Any]:
         proc = psutil.Process()

@@ -17,7 +17,7 @@ needs the same three things, and each used to do them its own way:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 
 from polygym.net.client import ServerClient
@@ -36,7 +36,11 @@ class StackTarget:
     config: StackConfig | None = None
     head_url: str | None = None
     backend: str = "inline"
-    """How a started stack places its servers (``inline`` or ``subprocess``); unused when joining."""
+    """How a started stack places its servers (``inline``, ``subprocess``, ``ray``); unused when joining."""
+    ray_address: str | None = None
+    """The Ray cluster to join (``--backend ray``); None: a local one, or ``RAY_ADDRESS``."""
+    replicas: dict[str, int] = field(default_factory=dict)
+    """``--replicas NAME=N`` overrides (``--backend ray``)."""
     record: bool = True
     """Publish a started stack in the stack records, so ``gym env status`` and ``--no-serve`` see it."""
 
@@ -109,6 +113,8 @@ class StackSession:
             head_port=0,
             record=self.target.record,
             pool_size=self.pool_size,
+            ray_address=self.target.ray_address,
+            replicas=self.target.replicas,
         )
         await self.stack.start()
         if self.stack.client is not None:

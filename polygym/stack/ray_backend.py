@@ -1,0 +1,287 @@
+"""The Ray backend: one Ray actor per server replica, each serving the unchanged ASGI app over HTTP.
+
+Why actors and not Ray Serve: Serve's proxy adds a hop (~10 ms) to every tool call and has no
+session affinity, and per-rollout state must stay in the replica that seeded it. Here each actor
+binds its own port (port 0, on its node's address), serves the app with the same uvicorn server as
+the other backends, and hands its address back to the launcher, which registers it with the head
+server in its own process (``registered_by: launcher``): the stack secret never leaves the
+launcher, and servers never learn how they were placed. Rollouts never pass through the object
+store; HTTP stays the protocol, and ``ServerClient`` picks a replica per call (``net.replicas``).
+
+Placement comes from each server's config (``stack.placement``): ``replicas``, ``num_cpus``,
+``num_gpus``, custom ``resources`` and ``max_restarts``. Resources-server replicas are spread
+across nodes (``SPREAD``), so one node's loss takes only part of an environment with it.
+
+A replica that dies is named (server, replica, node, the tail of its log), taken out of the
+registry at once (so no new call goes to it), and restarted by Ray up to ``max_restarts`` times;
+the launcher then starts the server in the restarted actor and registers its new address. The
+rollouts that were on the dead replica fail with the transport's class (``ConnectionReset``,
+``ConnectionRefused``) and are recorded; ``--resume`` runs them again. A replica past its restarts
+is reported through ``wait_failure`` like a dead process of the subprocess backend.
+
+The cluster: ``ray_address`` (``--ray-address``, ``RAY_ADDRESS``, config ``ray_address``) joins an
+existing one; without it a local cluster is started on this machine and shut down with the stack.
+Every node must have polygym and the servers' packages installed (on KubeRay: in the image). A
+local cluster listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from polygym.net.listen import AppServer, bind_socket
+from polygym.protocol import RESOURCES_KIND
+from polygym.stack import records as stacks
+from polygym.stack.config import ServerSpec
+from polygym.stack.head import Registry, slot_of
+from polygym.stack.launcher import (
+    LOG_TAIL_LINES,
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    LaunchError,
+    ServerFailure,
+    spec_from_dict,
+    spec_to_dict,
+    stack_client,
+)
+from polygym.stack.loader import build_server
+from polygym.stack.placement import placement_of
+
+RESTART_POLL_S = 0.2
+
+
+class ReplicaHost:
+    """The body of one replica's actor: builds the server, serves it, stops it when told."""
+
+    def __init__(self) -> None:
+        self._server: AppServer | None = None
+        self._client: Any = None
+
+    async def start(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Build and serve the server of ``payload``; returns where it listens."""
+        _log_to(Path(payload["log_path"]))
+        spec = spec_from_dict(payload["spec"])
+        self._client = stack_client(payload["head_url"], payload.get("pool_size"))
+        server = build_server(spec, self._client)
+        self._client.add_local(spec.name, server.app, server.dispatch)
+        host = payload.get("bind_host") or ray.util.get_node_ip_address()
+        self._server = AppServer(server.app, bind_socket(host, 0))
+        await self._server.start()
+        logging.getLogger("polygym.stack.ray").info(
+            "%s replica %s serving on %s", spec.name, payload["replica"], self._server.url
+        )
+        return {
+            "url": self._server.url,
+            "pid": os.getpid(),
+            "node_ip": host,
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    async def serving(self) -> None:
+        """Return when the server stops; an actor that dies makes this call raise instead."""
+        assert self._server is not None and self._server.task is not None
+        await self._server.task
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+        if self._client is not None:
+            await self._client.close()
+
+
+def _log_to(path: Path) -> None:
+    """The replica's log, on its node, so a death can be shown with its last lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+@dataclass
+class Replica:
+    spec: ServerSpec
+    index: int
+    actor: Any
+    payload: dict[str, Any]
+    max_restarts: int
+    restarts: int = 0
+    entry: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"server '{self.spec.name}' replica {self.index}"
+
+
+class RayBackend:
+    """Server replicas as Ray actors on a local or joined cluster (see the module docstring)."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        pool_size: int | None = None,
+        ray_address: str | None = None,
+        replicas: dict[str, int] | None = None,
+        bind_host: str | None = None,
+    ) -> None:
+        """``bind_host``: the address replicas listen on; None: their node's address."""
+        self.pool_size = pool_size
+        self.ray_address = ray_address or os.environ.get("RAY_ADDRESS") or None
+        self.replica_overrides = replicas or {}
+        self.bind_host = bind_host
+        self.replicas: list[Replica] = []
+        self._started_ray = False
+        self._failures: asyncio.Queue[ServerFailure] = asyncio.Queue()
+        self._watchers: list[asyncio.Task[None]] = []
+        self._registry: Registry | None = None
+
+    def _connect(self) -> None:
+        if ray.is_initialized():
+            return
+        if self.ray_address:
+            ray.init(address=self.ray_address, log_to_driver=False)
+        else:
+            # A cluster of our own stays on loopback, like every other stack this machine starts.
+            ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+            self._started_ray = True
+
+    async def start(
+        self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str, secret: str
+    ) -> None:
+        """One actor per replica, all started together; registered once each one serves."""
+        self._registry = registry
+        self._connect()
+        host_cls = ray.remote(ReplicaHost)
+        log_dir = stacks.logs_dir(stack_id)
+        for spec in specs:
+            placement = placement_of(spec.name, spec.config, self.replica_overrides.get(spec.name))
+            for index in range(placement.replicas):
+                actor = host_cls.options(
+                    num_cpus=placement.num_cpus,
+                    num_gpus=placement.num_gpus,
+                    resources=placement.resources or None,
+                    max_restarts=placement.max_restarts,
+                    max_task_retries=0,
+                    scheduling_strategy="SPREAD" if spec.kind == RESOURCES_KIND else "DEFAULT",
+                ).remote()
+                payload = {
+                    "spec": spec_to_dict(spec),
+                    "head_url": head_url,
+                    "pool_size": self.pool_size,
+                    "replica": index,
+                    "bind_host": self.bind_host,
+                    "log_path": str(log_dir / f"{spec.name}.{index}.log"),
+                }
+                self.replicas.append(Replica(spec, index, actor, payload, placement.max_restarts))
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                places = await asyncio.gather(*(r.actor.start.remote(r.payload) for r in self.replicas))
+        except TimeoutError:
+            raise LaunchError(
+                f"timed out after {START_TIMEOUT_S:g}s waiting for the Ray replicas to serve"
+            ) from None
+        except RayActorError as exc:
+            raise LaunchError(f"a Ray replica died while starting: {exc}") from exc
+        for replica, place in zip(self.replicas, places, strict=True):
+            self._register(replica, place)
+        self._watchers = [asyncio.create_task(self._watch(r)) for r in self.replicas]
+
+    def _register(self, replica: Replica, place: dict[str, Any]) -> None:
+        assert self._registry is not None
+        replica.entry = {
+            "name": replica.spec.name,
+            "kind": replica.spec.kind,
+            "implementation": replica.spec.implementation,
+            "replica": replica.index,
+            "restarts": replica.restarts,
+            "pool_size": self.pool_size,
+            **place,
+        }
+        self._registry.register(replica.entry)
+
+    async def _watch(self, replica: Replica) -> None:
+        """Wait for the replica to die; take it out, restart it within its bound, or report it."""
+        while True:
+            try:
+                await replica.actor.serving.remote()
+                return  # stopped on purpose
+            except RayActorError:
+                pass
+            assert self._registry is not None and replica.entry is not None
+            self._registry.remove(slot_of(replica.entry))
+            death = self.describe_death(replica)
+            logging.getLogger("polygym.stack.ray").warning("%s", death)
+            if replica.restarts >= replica.max_restarts or not await self._restart(replica):
+                await self._failures.put(ServerFailure(replica.spec.name, death))
+                return
+
+    async def _restart(self, replica: Replica) -> bool:
+        """Start the server again in the actor Ray restarted; False when it does not come back."""
+        replica.restarts += 1
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                place = await replica.actor.start.remote(replica.payload)
+            except RayActorError:
+                await asyncio.sleep(RESTART_POLL_S)
+                continue
+            self._register(replica, place)
+            return True
+        return False
+
+    def describe_death(self, replica: Replica) -> str:
+        entry = replica.entry or {}
+        node = f"{entry.get('node_ip', '?')} ({str(entry.get('node_id', '?'))[:12]})"
+        where = f"node {node}, pid {entry.get('pid', '?')}"
+        left = replica.max_restarts - replica.restarts
+        return (
+            f"{replica.label} on {where} died ({left} of {replica.max_restarts} restarts left).\n"
+            f"{self.log_tail(replica)}"
+        )
+
+    @staticmethod
+    def log_tail(replica: Replica) -> str:
+        path = Path(replica.payload["log_path"])
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError:
+            return f"  (its log {path} is on its node)"
+        body = "\n".join(f"    {line}" for line in lines) or "    (log is empty)"
+        return f"  last lines of {path}:\n{body}"
+
+    async def wait_failure(self) -> ServerFailure:
+        return await self._failures.get()
+
+    def pids(self) -> dict[str, int]:
+        """Each serving replica's process (by registry slot), for CPU and memory accounting."""
+        return {slot_of(r.entry): int(r.entry["pid"]) for r in self.replicas if r.entry is not None}
+
+    async def stop(self) -> None:
+        """Drain each replica (bounded), then kill every actor; a local cluster goes too."""
+        for task in self._watchers:
+            task.cancel()
+        if self.replicas:
+            with contextlib.suppress(TimeoutError, RayActorError):
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await asyncio.gather(
+                        *(r.actor.stop.remote() for r in self.replicas), return_exceptions=True
+                    )
+            for replica in self.replicas:
+                with contextlib.suppress(Exception):
+                    ray.kill(replica.actor, no_restart=True)
+            self.replicas.clear()
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+            self._started_ray = False

@@ -1,0 +1,197 @@
+"""The Ray backend on a real cluster: three Ray nodes simulated on this machine (loopback).
+
+One cluster serves the whole module (starting one costs seconds); every test stops what it started
+and checks that no replica process is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from polygym.net.client import ServerCallError, ServerClient
+from polygym.stack.launcher import Stack
+from tests.conftest import gone, gym_command, wait_until
+from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
+
+# Ray turns a loopback cluster address into this machine's interface address when a driver joins
+# ("localhost isn't resolved to the loopback ip") unless multi-host clusters are off; the flag
+# must be set before Ray is imported, and the `gym` children of these tests inherit it.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+NODES = 3
+MULTI = "example_multi_step"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    loopback = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
+    sim = Cluster(initialize_head=True, head_node_args={**loopback, "include_dashboard": False})
+    for _ in range(NODES - 1):
+        sim.add_node(**loopback)
+    sim.wait_for_nodes()
+    ray.init(address=sim.address, log_to_driver=False)
+    yield sim
+    ray.shutdown()
+    sim.shutdown()
+
+
+def ray_stack(cluster: Any, **kwargs: Any) -> Stack:
+    return Stack(
+        two_env_config(), backend="ray", head_port=0, record=False, ray_address=cluster.address, **kwargs
+    )
+
+
+async def solve_all(client: ServerClient) -> list[float]:
+    rewards = []
+    for env in ENVS:
+        for row in example_rows(env):
+            rewards.append((await client.call(f"{env}_simple_agent", "/run", row)).json()["reward"])
+    return rewards
+
+
+async def wait_for(predicate: Any, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.1)
+    return bool(predicate())
+
+
+def replicas_of(stack: Stack, name: str) -> list[dict[str, Any]]:
+    return [entry for entry in stack.servers() if entry["name"] == name]
+
+
+async def test_replicas_spread_over_nodes_and_sessions_stay_on_their_replica(cluster: Any) -> None:
+    stack = ray_stack(cluster, replicas={MULTI: NODES})
+    await stack.start()
+    client = ServerClient(stack.head_url)
+    pids: list[int] = []
+    try:
+        replicas = replicas_of(stack, MULTI)
+        assert [r["replica"] for r in replicas] == [0, 1, 2]
+        assert len({r["node_id"] for r in replicas}) >= 2  # SPREAD: not all on one node
+        assert len({r["url"] for r in replicas}) == NODES
+        pids = [entry["pid"] for entry in stack.servers()]
+        # Every row needs its session's state on every call: a call routed to another replica fails.
+        assert await solve_all(client) == [1.0] * 10
+        sessions = [(await client.request_url("GET", r["url"] + "/")).json()["sessions"] for r in replicas]
+        assert sum(s["released"] for s in sessions) == 5
+        assert all(s["active"] == 0 for s in sessions)
+    finally:
+        await client.close()
+        await stack.stop()
+    assert wait_until(lambda: all(gone(pid) for pid in pids), 30.0)
+
+
+async def test_a_killed_replica_is_named_restarted_and_serves_again(cluster: Any) -> None:
+    stack = ray_stack(cluster, replicas={MULTI: 2})
+    await stack.start()
+    client = ServerClient(stack.head_url)
+    try:
+        first = replicas_of(stack, MULTI)[1]
+        victim = next(r for r in stack.backend.replicas if r.spec.name == MULTI and r.index == 1)  # type: ignore[attr-defined]
+        ray.kill(victim.actor, no_restart=False)
+        assert await wait_for(
+            lambda: any(
+                r.get("restarts") == 1 and r["url"] != first["url"] for r in replicas_of(stack, MULTI)
+            )
+        ), stack.servers()
+        assert gone(first["pid"])
+        assert await solve_all(client) == [1.0] * 10
+    finally:
+        await client.close()
+        await stack.stop()
+
+
+async def test_a_replica_past_its_restarts_is_a_named_failure(cluster: Any) -> None:
+    config = two_env_config()
+    config.servers[MULTI].config["max_restarts"] = 0
+    stack = Stack(config, backend="ray", head_port=0, record=False, ray_address=cluster.address)
+    await stack.start()
+    try:
+        victim = next(r for r in stack.backend.replicas if r.spec.name == MULTI)  # type: ignore[attr-defined]
+        ray.kill(victim.actor, no_restart=True)
+        failure = await asyncio.wait_for(stack.wait_failure(), 60)
+        assert failure.name == MULTI
+        assert f"server '{MULTI}' replica 0 on node 127.0.0.1" in failure.message
+        assert "0 of 0 restarts left" in failure.message
+        assert MULTI not in {e["name"] for e in stack.servers()}
+        client = ServerClient(stack.head_url)
+        try:
+            with pytest.raises(ServerCallError):
+                await client.call(f"{MULTI}_simple_agent", "/run", example_rows(MULTI)[0])
+        finally:
+            await client.close()
+    finally:
+        await stack.stop()
+
+
+def test_the_seed_flow_runs_unchanged_on_ray(cluster: Any, start_stack: Any, tmp_path: Any) -> None:
+    stack = start_stack(
+        *SELECTORS, "--backend", "ray", "--ray-address", cluster.address, "--replicas", f"{MULTI}=2"
+    )
+    assert len([s for s in stack.record["servers"] if s["name"] == MULTI]) == 2
+    status = subprocess.run(gym_command("env", "status"), capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "restarts" in status.stdout and "node" in status.stdout
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(b"".join(orjson.dumps(r) + b"\n" for env in ENVS for r in example_rows(env)))
+    out = tmp_path / "out.jsonl"
+    run = subprocess.run(
+        gym_command("eval", "run", "--no-serve", "--input", str(rows), "--output", str(out)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = [orjson.loads(line) for line in out.read_text().splitlines()]
+    assert len(results) == 10 and all(r["reward"] == 1.0 for r in results)
+    pids = stack.child_pids()
+    stack.stop()
+    assert wait_until(lambda: all(gone(pid) for pid in pids), 30.0)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--replicas", f"{MULTI}=2"),
+        ("--ray-address", "127.0.0.1:1"),
+        ("--backend", "ray", "--replicas", "nosuch=2"),
+        ("--backend", "ray", "--replicas", f"{MULTI}=0"),
+    ],
+)
+def test_placement_that_cannot_be_honoured_exits_2(args: tuple[str, ...], tmp_path: Any) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(orjson.dumps(example_rows(MULTI)[0]) + b"\n")
+    run = subprocess.run(
+        gym_command(
+            "eval", "run", *SELECTORS, *args, "--input", str(rows), "--output", str(tmp_path / "o.jsonl")
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert ("replicas" in run.stderr) or ("ray" in run.stderr)
+
+
+def test_placement_options_are_refused_when_joining(tmp_path: Any) -> None:
+    run = subprocess.run(
+        gym_command("eval", "run", "--no-serve", "--replicas", f"{MULTI}=2", "--input", "x", "--output", "y"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert "--replicas only applies to a stack this command starts" in run.stderr
