@@ -15,8 +15,11 @@ import anthropic
 import httpx
 import pytest
 
+from polygym.net.asgi_transport import asgi_request
+from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
 from polygym.net.listen import AppServer, bind_socket
 from responses_api_models.anthropic_model.app import AnthropicModel
+from responses_api_models.openai_model.app import OpenAIModel
 from responses_api_models.scripted_model.app import ScriptedModel
 
 T = TypeVar("T")
@@ -198,3 +201,38 @@ async def test_whole_chain_through_anthropic_model(scripted: AppServer) -> None:
         assert (streamed.stop_reason, streamed.content[0].input) == ("tool_use", {"city": "Quito"})
     finally:
         await proxy.stop()
+
+
+async def test_messages_body_is_bounded() -> None:
+    """The route sits behind the inbound guard like every other: an oversized body never reaches it."""
+    server = ScriptedModel("policy_model", {})
+    declared = [(b"content-length", str(DEFAULT_MAX_BODY_BYTES + 1).encode())]
+    status, _, body = await asgi_request(server.app, "POST", "/v1/messages", b"{}", declared)
+    assert status == 413 and b"request body over" in body
+
+
+async def test_messages_on_a_server_that_relays_bytes(scripted: AppServer) -> None:
+    """openai_model's ``responses`` returns the upstream's bytes: success and errors still convert."""
+    config = {"openai_base_url": scripted.url + "/v1", "openai_model": "policy-7b", "max_attempts": 1}
+    proxy = await start(OpenAIModel("policy_model", config).app)
+    script = '[{"error": 500, "message": "policy crashed"}]'
+
+    def use(client: anthropic.Anthropic) -> tuple[list[Any], Any]:
+        replies = tool_round_trip(client)
+        with pytest.raises(anthropic.InternalServerError) as error:
+            client.messages.create(
+                model="m",
+                max_tokens=8,
+                messages=[{"role": "user", "content": "x"}],
+                extra_body={"metadata": {"script": script}},
+            )
+        return replies, error.value
+
+    try:
+        (first, second), error = await with_sdk(proxy.url, use)
+    finally:
+        await proxy.stop()
+    check_round_trip(first, second, "scripted")
+    assert error.body["type"] == "error"
+    assert error.body["error"] == {"type": "api_error", "message": "scripted_error: policy crashed"}
+    assert error.response.headers["x-polygym-failure"] == "Upstream5xx"

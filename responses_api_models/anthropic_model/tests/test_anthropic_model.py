@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -18,9 +19,12 @@ from polygym.net import failure
 from polygym.net.client import Reply, ServerClient
 from polygym.net.listen import AppServer, bind_socket
 from polygym.net.retry import NO_RETRY
+from polygym.stack.config import load_config
+from polygym.stack.loader import server_class
 from responses_api_models.anthropic_model.app import AnthropicModel
 from tests.net.fake_upstream import Answer, FakeUpstream, gzip_bomb, hang, reply
 
+CONFIG_FILE = Path(__file__).resolve().parent.parent / "configs" / "anthropic_model.yaml"
 KEY = "sk-ant-secret-0123456789abcdef"
 FAST_RETRY = {"max_attempts": 3, "retry_base_delay_s": 0.001, "retry_max_delay_s": 0.01}
 WEATHER_TOOL = {
@@ -261,3 +265,26 @@ def test_config_requires_the_model() -> None:
     with pytest.raises(ValueError) as caught:
         AnthropicModel("policy_model", {"anthropic_api_key": "k"})
     assert "anthropic_model" in str(caught.value)
+
+
+def test_shipped_config_builds_the_server() -> None:
+    stack = load_config(
+        [CONFIG_FILE],
+        overrides=[
+            "policy_base_url=https://api.anthropic.com",
+            f"policy_api_key={KEY}",
+            "policy_model_name=claude-t",
+        ],
+        env_files=[],
+    )
+    spec = stack.servers["policy_model"]
+    assert spec.implementation == "anthropic_model"
+    assert server_class(spec) is AnthropicModel
+    server = AnthropicModel("policy_model", spec.config)
+    assert (server.url, server.model_name) == ("https://api.anthropic.com/v1/messages", "claude-t")
+    assert server.headers == {
+        "accept": "application/json",
+        "anthropic-version": "2023-06-01",
+        "x-api-key": KEY,
+    }
+    assert server.config.max_tokens == 4096
