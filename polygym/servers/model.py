@@ -186,6 +186,9 @@ def anthropic_errors(
 
     One place for all of them: a bad body, an ``HTTPError``, a failed call, a crash, or an upstream
     error relayed by ``responses``. An upstream's own Anthropic error body passes unchanged.
+    (A route wrapped so is served through Starlette for in-process callers too: agents use
+    ``/v1/responses``, not this.) The inbound guard's 413 comes before routing and keeps
+    polygym's shape.
     """
 
     async def answer(request: Request) -> Response:
