@@ -2,21 +2,30 @@
 
 Bodies stay plain dicts: a model server mostly forwards or converts payloads, and validating a
 long conversation at every hop would cost more than the rest of the hop.
+
+Every model server also answers Anthropic's ``POST /v1/messages``, with no code of its own: the
+request is checked and converted to a Responses request (``polygym.dialects.messages``), served by
+the server's ``responses``, and the Response converted back — as one JSON message, or as
+Anthropic's server-sent events when the client asks for ``stream``. Its errors, whatever raised
+them, come back in Anthropic's error shape so Anthropic clients read them.
 """
 
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, TypeVar
 
+import orjson
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from polygym.dialects import messages as messages_dialect
 from polygym.net import budget, failure
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
-from polygym.net.client import Reply, ServerCallError, ServerClient
+from polygym.net.client import Reply, ServerCallError, ServerClient, error_detail
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import MODEL_KIND
 from polygym.redact import redact_text
@@ -90,7 +99,8 @@ ModelConfigT = TypeVar("ModelConfigT", bound=ServerConfig)
 
 
 class ModelServer(BaseServer[ModelConfigT]):
-    """Subclasses implement ``responses`` and ``chat_completions`` (dict in, dict or Response out)."""
+    """Subclasses implement ``responses`` and ``chat_completions`` (dict in, dict or Response out);
+    ``/v1/messages`` is served through ``responses``."""
 
     kind: ClassVar[str] = MODEL_KIND
 
@@ -118,6 +128,7 @@ class ModelServer(BaseServer[ModelConfigT]):
             *super().routes(),
             Route("/v1/responses", json_endpoint(self._responses), methods=["POST"]),
             Route("/v1/chat/completions", json_endpoint(self._chat), methods=["POST"]),
+            Route("/v1/messages", anthropic_errors(json_endpoint(self._messages)), methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
         ]
 
@@ -129,10 +140,76 @@ class ModelServer(BaseServer[ModelConfigT]):
         _session_id.set(request.cookies.get(SESSION_COOKIE))
         return await self.chat_completions(_require_object(body))
 
+    async def _messages(self, body: Any, request: Request) -> Any:
+        """Anthropic Messages through ``responses`` (see the module docstring)."""
+        _session_id.set(request.cookies.get(SESSION_COOKIE))
+        try:
+            messages_dialect.check_request(body)
+        except messages_dialect.MessagesRequestError as exc:
+            raise HTTPError(400, str(exc), "invalid_request") from None
+        result = await self.responses(messages_dialect.messages_request_to_responses(body))
+        if isinstance(result, Response):
+            if result.status_code >= 400:
+                return result
+            result = _reply_object(result)
+        message = messages_dialect.response_to_message(result)
+        if body.get("stream"):
+            events = messages_dialect.message_events(message)
+            return Response(
+                messages_dialect.sse_body(events),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache"},
+            )
+        return message
+
     async def _models(self, request: Request) -> Response:
         return json_response(
             {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "polygym"}]}
         )
+
+
+def _reply_object(response: Response) -> dict[str, Any]:
+    """The Responses object in a successful ``Response`` a server's ``responses`` returned."""
+    try:
+        data = orjson.loads(bytes(response.body))
+    except orjson.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise HTTPError(502, "the model's reply is not a Responses object", "bad_reply", failure.BAD_JSON)
+    return data
+
+
+def anthropic_errors(
+    endpoint: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """``endpoint`` with every error answer in Anthropic's shape (status and failure class kept).
+
+    One place for all of them: a bad body, an ``HTTPError``, a failed call, a crash, or an upstream
+    error relayed by ``responses``. An upstream's own Anthropic error body passes unchanged.
+    (A route wrapped so is served through Starlette for in-process callers too: agents use
+    ``/v1/responses``, not this.) The inbound guard's 413 comes before routing and keeps
+    polygym's shape.
+    """
+
+    async def answer(request: Request) -> Response:
+        response = await endpoint(request)
+        if response.status_code < 400:
+            return response
+        raw = bytes(response.body)
+        try:
+            if messages_dialect.is_error_body(orjson.loads(raw)):
+                return response
+        except orjson.JSONDecodeError:
+            pass
+        error_class = failure.failure_class(response.headers)
+        return Response(
+            messages_dialect.error_body(response.status_code, error_detail(raw)),
+            status_code=response.status_code,
+            media_type="application/json",
+            headers=failure.failure_headers(error_class) if error_class else None,
+        )
+
+    return answer
 
 
 def _require_object(body: Any) -> dict[str, Any]:
