@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,8 +32,11 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 
 @contextlib.asynccontextmanager
-async def serving(expose: bool) -> AsyncIterator[tuple[ExampleSessionStateMgmt, str]]:
-    env = ExampleSessionStateMgmt("counter", {"expose_tools_over_mcp": expose})
+async def serving(
+    expose: bool, idle_timeout_s: float = 900.0
+) -> AsyncIterator[tuple[ExampleSessionStateMgmt, str]]:
+    config = {"expose_tools_over_mcp": expose, "session_idle_timeout_s": idle_timeout_s}
+    env = ExampleSessionStateMgmt("counter", config)
     server = AppServer(env.app, bind_socket())
     await server.start()
     try:
@@ -68,7 +73,7 @@ async def post(url: str, path: str, body: Any, cookie: str | None = None) -> tup
         return reply.status, orjson.loads(await reply.read()), seeded.value if seeded else None
 
 
-async def wait_for(condition: Any, deadline_s: float = 5.0) -> None:
+async def wait_for(condition: Any, deadline_s: float = 10.0) -> None:
     """Poll ``condition()`` until it holds (the server ends a session after the client's DELETE)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_s
@@ -145,6 +150,32 @@ async def test_an_mcp_session_adopts_a_rollout_seeded_over_http_and_releases_it_
         assert status == 409 and body["error"]["type"] == "unknown_session"
 
 
+async def test_an_idle_mcp_session_ends_and_releases_its_rollout() -> None:
+    """A client that vanishes without its DELETE (no open stream, no request) loses its session."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        },
+    }
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    async with serving(expose=True, idle_timeout_s=1.5) as (env, url), aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/mcp", data=orjson.dumps(initialize), headers=headers) as reply:
+            assert reply.status == 200
+            mcp_session_id = reply.headers["mcp-session-id"]
+            await reply.read()
+        assert env.sessions.stats()["active"] == 1
+        await wait_for(lambda: env.sessions.stats()["active"] == 0)
+        ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+        headers["mcp-session-id"] = mcp_session_id
+        async with http.post(f"{url}/mcp", data=orjson.dumps(ping), headers=headers) as reply:
+            assert reply.status == 404  # the MCP session is gone too, not only its rollout
+
+
 async def test_an_unknown_session_cookie_is_refused_at_initialize() -> None:
     async with (
         serving(expose=True) as (env, url),
@@ -176,3 +207,13 @@ async def test_without_the_flag_there_is_no_mcp_route() -> None:
             async with http.request(method, f"{url}/mcp", data=b"{}") as reply:
                 assert reply.status == 404
         assert not env.config.expose_tools_over_mcp
+
+
+def test_the_core_never_imports_mcp_without_the_flag() -> None:
+    code = (
+        "import sys\nfrom resources_servers.example_session_state_mgmt.app import ExampleSessionStateMgmt\n"
+        "ExampleSessionStateMgmt('counter', {}).app\n"
+        "assert 'mcp' not in sys.modules, 'mcp imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
