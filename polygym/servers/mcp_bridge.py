@@ -75,6 +75,7 @@ class McpBridge:
 
     def __init__(self, env: ResourcesServer[Any]) -> None:
         self.env = env
+        self._tool_names = frozenset(env.tools())
         self.server: Server[dict[str, str], Request] = Server(env.name, lifespan=self._mcp_session)
         self.server.list_tools()(self._list_tools)
         self.server.call_tool(validate_input=False)(self._call_tool)
@@ -149,7 +150,7 @@ class McpBridge:
 
     async def _call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """Serve the call through ``POST /<name>``'s own endpoint, in the MCP session's rollout."""
-        if name not in self.env.tools():
+        if name not in self._tool_names:
             unknown = {"error": {"type": "unknown_tool", "message": f"no tool named {name!r}"}}
             return _result(orjson.dumps(unknown).decode(), 404)
         session_id = self.server.request_context.lifespan_context["session_id"]
