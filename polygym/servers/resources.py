@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
 from starlette.requests import Request
@@ -32,7 +32,11 @@ from polygym import metrics
 from polygym.protocol import RESOURCES_KIND, AggregateMetricsRequest, SeedSessionRequest, VerifyRequest
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, body_model, json_endpoint, json_response
 from polygym.servers.cpu_pool import CpuPool
+from polygym.servers.extras import require_extra
 from polygym.servers.sessions import SESSION_COOKIE, Session, SessionStore
+
+if TYPE_CHECKING:
+    from polygym.servers.mcp_bridge import McpBridge
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,6 +62,9 @@ class ResourcesServerConfig(ServerConfig):
         gt=0,
         description="A cpu_pool call running this long counts as slow; when every worker holds a slow "
         "call, others run on overflow workers instead of queueing behind them.",
+    )
+    expose_tools_over_mcp: bool = Field(
+        default=False, description="Also serve the tools over MCP (streamable HTTP) at /mcp; needs [mcp]."
     )
 
 
@@ -113,6 +120,7 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
         self.sessions = SessionStore(idle_timeout_s=self.config.session_idle_timeout_s)
         self._verify_wants_session = "session" in inspect.signature(self.verify).parameters
         self._cpu_pool: CpuPool | None = None
+        self._mcp = _mcp_bridge(self) if self.config.expose_tools_over_mcp else None
 
     @property
     def cpu_pool(self) -> CpuPool:
@@ -189,7 +197,7 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
                     f"/{name}", json_endpoint(self._tool_handler(spec), spec.request_model), methods=["POST"]
                 )
             )
-        return routes
+        return routes + ([self._mcp.route()] if self._mcp else [])
 
     async def startup(self) -> None:
         if self.config.cpu_workers != 0:
@@ -197,8 +205,12 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
                 workers=self.config.cpu_workers, slow_after_s=self.config.cpu_slow_after_s
             )
         self.sessions.start_sweeper()
+        if self._mcp:
+            await self._mcp.start()
 
     async def shutdown(self) -> None:
+        if self._mcp:
+            await self._mcp.stop()
         if self._cpu_pool is not None:
             self._cpu_pool.close()
             self._cpu_pool = None
@@ -278,3 +290,11 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
             return self._with_cookie(request, result)
 
         return handler
+
+
+def _mcp_bridge(server: ResourcesServer[Any]) -> McpBridge:
+    """The server's MCP bridge; imported only when asked for, so the core never needs ``mcp``."""
+    require_extra(f"{server.name} (expose_tools_over_mcp)", "mcp", "mcp")
+    from polygym.servers.mcp_bridge import McpBridge
+
+    return McpBridge(server)
