@@ -238,8 +238,9 @@ def print_comparison(result: Comparison) -> None:
             title=f"{escape(result.base)} -> {escape(cand.new)} ({_settings(result)})", title_justify="left"
         )
         for column in ("environment", "metric", "base", "new", "delta", "interval", "status"):
-            justify = "left" if column in ("environment", "metric", "status") else "right"
-            table.add_column(column, justify=justify)
+            table.add_column(
+                column, justify="left" if column in ("environment", "metric", "status") else "right"
+            )
         for env in cand.environments:
             style = STATUS_STYLE.get(env.status, "")
             if not env.metrics:

@@ -309,10 +309,11 @@ def _env_comparison(env: str, base: EnvRun | None, new: EnvRun | None, cfg: Sett
             for m in _selected(set(only.metrics), cfg.patterns)
         ]
         return EnvComparison(env, "missing" if new is None else "added", deltas)
-    per_task = base.tasks is not None and new.tasks is not None
     bv = task_values(base.tasks) if base.tasks is not None else {}
     nv = task_values(new.tasks) if new.tasks is not None else {}
     deltas = []
+    b: float | None
+    n: float | None
     for metric in _selected(set(base.metrics) | set(new.metrics) | set(bv) | set(nv), cfg.patterns):
         if metric in bv and metric in nv:
             est = stats.delta(bv[metric], nv[metric], cfg.confidence, cfg.resamples, cfg.seed)
@@ -327,7 +328,7 @@ def _env_comparison(env: str, base: EnvRun | None, new: EnvRun | None, cfg: Sett
         found = stats.flips(base.tasks, new.tasks)
         out.lost, out.gained = found.lost, found.gained
         out.paired_tasks = len(base.tasks.keys() & new.tasks.keys())
-    if not per_task:
+    else:
         out.note = "no rollouts file: point deltas only, no interval"
     return out
 
