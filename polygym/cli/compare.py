@@ -169,13 +169,14 @@ def _status(env_status: str, m: MetricDelta) -> str:
 
 
 def _flips_line(lost: list[int], gained: list[int]) -> str:
-    def head(tasks: list[int]) -> str:
+    def head(count: str, tasks: list[int]) -> str:
+        if not tasks:
+            return f"0 {count}"
         shown = ", ".join(str(t) for t in tasks[:MAX_FLIPS_SHOWN])
-        return shown + (
-            f", ... ({len(tasks) - MAX_FLIPS_SHOWN} more)" if len(tasks) > MAX_FLIPS_SHOWN else ""
-        )
+        more = f", ... {len(tasks) - MAX_FLIPS_SHOWN} more" if len(tasks) > MAX_FLIPS_SHOWN else ""
+        return f"{len(tasks)} {count} (tasks {shown}{more})"
 
-    return f"{len(lost)} solved -> unsolved ({head(lost)}); {len(gained)} unsolved -> solved ({head(gained)})"
+    return f"{head('solved -> unsolved', lost)}; {head('unsolved -> solved', gained)}"
 
 
 def env_notes(cand: CandidateComparison) -> list[str]:

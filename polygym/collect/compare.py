@@ -132,8 +132,12 @@ class Comparison:
         return [f"{c.new}: {line}" for c in self.candidates for line in c.regressions]
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON report. With one candidate its ``new`` and ``environments`` are repeated at the
+        top level too: the two-run shape that ``comparison.json`` readers already rely on."""
+        single = self.candidates[0].to_dict() if len(self.candidates) == 1 else {}
         return {
             "base": self.base,
+            **{k: single[k] for k in ("new", "environments") if k in single},
             "threshold": self.threshold,
             "confidence": self.confidence,
             "bootstrap": self.resamples,

@@ -260,3 +260,9 @@ def test_unpaired_runs_use_welch_and_a_rollouts_file_alone_works(tmp_path: Path)
     assert m.method == "welch" and m.delta == pytest.approx(-0.4) and m.high is not None and m.high < 0
     assert env.paired_tasks == 0 and env.lost == [] and env.gained == []
     assert {x.metric for x in env.metrics} >= {"mean/reward", "pass@1", "pass@2", "pass@1[avg-of-k]"}
+
+
+def test_one_candidate_json_keeps_the_two_run_shape(runs: tuple[Path, Path]) -> None:
+    data = compare(*runs).to_dict()
+    assert data["new"] == str(runs[1]) and data["environments"] == data["candidates"][0]["environments"]
+    assert "environments" not in compare(runs[0], [runs[1], runs[1]]).to_dict()
