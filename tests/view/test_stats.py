@@ -21,7 +21,8 @@ def test_viewer_deltas_and_flips_come_from_the_shared_module(tmp_path: Path) -> 
     a, b = task_means(base, env_rows(base)["a"]), task_means(new, env_rows(new)["a"])
     shown = next(d for d in compare_envs(base, new) if d.env == "a")
     assert shown.delta == statistics.delta(a, b) and shown.delta.method == statistics.PAIRED
-    assert shown.paired == 12 and shown.delta.low is not None and shown.delta.low < shown.delta.mean
+    mean, low = shown.delta.mean, shown.delta.low
+    assert shown.paired == 12 and mean is not None and low is not None and low < mean
     found = flips(base, new)
     # tasks 0, 6 gained (solved only in new); 1, 5, 7, 11 lost; 3, 9 solved in both
     assert sum(not f.now_solved for f in found) == 4 and sum(f.now_solved for f in found) == 2
