@@ -88,6 +88,9 @@ MAX_FLIPS_SHOWN = 10
     show_default=True,
     help="Which reports --output-dir gets.",
 )
+@click.option(
+    "--agent", "agents", multiple=True, metavar="NAME", help="Compare only this environment (repeatable)."
+)
 @click.option("--fail-on-regression", is_flag=True, help="Exit 1 when any environment regressed.")
 def compare_command(
     runs: tuple[Path, ...],
@@ -102,6 +105,7 @@ def compare_command(
     as_json: bool,
     output_dir: Path | None,
     report_format: str,
+    agents: tuple[str, ...],
     fail_on_regression: bool,
 ) -> None:
     """Compare a base run with candidate runs, environment by environment.
@@ -126,7 +130,7 @@ def compare_command(
         )
     try:
         result = compare(
-            paths[0], paths[1:], threshold, metrics or DEFAULT_METRICS, confidence, resamples, seed
+            paths[0], paths[1:], threshold, metrics or DEFAULT_METRICS, confidence, resamples, seed, agents
         )
     except CompareError as exc:
         fail(str(exc), EXIT_USAGE)

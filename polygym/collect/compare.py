@@ -369,8 +369,14 @@ def _rollup(base: dict[str, EnvRun], new: dict[str, EnvRun], envs: list[str], cf
     return EnvComparison(ALL_ENVS, "regression" if any(d.regression for d in deltas) else "ok", deltas)
 
 
-def _candidate(base: dict[str, EnvRun], new_path: Path, cfg: Settings) -> CandidateComparison:
-    new = load_run(new_path)
+def _only(run: dict[str, EnvRun], agents: Sequence[str]) -> dict[str, EnvRun]:
+    return {k: v for k, v in run.items() if k in agents} if agents else run
+
+
+def _candidate(
+    base: dict[str, EnvRun], new_path: Path, cfg: Settings, agents: Sequence[str]
+) -> CandidateComparison:
+    new = _only(load_run(new_path), agents)
     envs = [*sorted(base), *sorted(k for k in new if k not in base)]
     rows = [_env_comparison(e, base.get(e), new.get(e), cfg) for e in envs]
     shared = sorted(set(base) & set(new))
@@ -387,12 +393,14 @@ def compare(
     confidence: float = stats.DEFAULT_CONFIDENCE,
     resamples: int = stats.DEFAULT_RESAMPLES,
     seed: int = stats.DEFAULT_SEED,
+    agents: Sequence[str] = (),
 ) -> Comparison:
     """Every candidate against the base, per environment, plus an all-environments roll-up.
 
     The roll-up averages each metric over the environments both runs have, so one environment's
     gain cannot mask another's loss by sheer row count; it is judged like any environment.
-    Deterministic: the same inputs and ``seed`` give the same intervals.
+    Deterministic: the same inputs and ``seed`` give the same intervals. ``agents``, when given,
+    limits the comparison to those environments; one the base run lacks is an error.
     """
     if threshold < 0:
         raise CompareError(f"threshold must be >= 0, got {threshold}")
@@ -405,6 +413,11 @@ def compare(
         raise CompareError("no candidate run to compare with the base")
     cfg = Settings(metrics, threshold, confidence, resamples, seed)
     base = load_run(base_path)
-    return Comparison(
-        str(base_path), [_candidate(base, p, cfg) for p in paths], threshold, confidence, resamples, seed
-    )
+    unknown = [a for a in agents if a not in base]
+    if unknown:
+        raise CompareError(
+            f"{base_path}: no environment {', '.join(unknown)} (it has: {', '.join(sorted(base))})"
+        )
+    base = _only(base, agents)
+    results = [_candidate(base, p, cfg, agents) for p in paths]
+    return Comparison(str(base_path), results, threshold, confidence, resamples, seed)

@@ -266,3 +266,13 @@ def test_one_candidate_json_keeps_the_two_run_shape(runs: tuple[Path, Path]) -> 
     data = compare(*runs).to_dict()
     assert data["new"] == str(runs[1]) and data["environments"] == data["candidates"][0]["environments"]
     assert "environments" not in compare(runs[0], [runs[1], runs[1]]).to_dict()
+
+
+def test_agent_limits_the_environments(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base", {A: solved_tasks(BASE_A), B: solved_tasks(BASE_A)})
+    new = write_run(tmp_path / "new", {A: solved_tasks(BASE_A), B: solved_tasks(DROP_A)})
+    only_a = run(str(base), str(new), "--agent", A, "--json", "--fail-on-regression")
+    assert only_a.exit_code == 0
+    assert [e["env"] for e in orjson.loads(only_a.stdout)["environments"]] == [A]
+    unknown = run(str(base), str(new), "--agent", "nope")
+    assert unknown.exit_code == 2 and "no environment nope" in unknown.stderr
