@@ -278,8 +278,7 @@ class Settings:
     patterns: Sequence[str]
     threshold: float
     confidence: float
-    resamples: int
-    seed: int
+    resampler: stats.Resampler
 
 
 def _is_regression(metric: str, est: stats.Estimate, threshold: float) -> bool:
@@ -320,7 +319,7 @@ def _env_comparison(env: str, base: EnvRun | None, new: EnvRun | None, cfg: Sett
     n: float | None
     for metric in _selected(set(base.metrics) | set(new.metrics) | set(bv) | set(nv), cfg.patterns):
         if metric in bv and metric in nv:
-            est = stats.delta(bv[metric], nv[metric], cfg.confidence, cfg.resamples, cfg.seed)
+            est = stats.delta(bv[metric], nv[metric], cfg.confidence, cfg.resampler, env)
             b, n = statistics.fmean(bv[metric].values()), statistics.fmean(nv[metric].values())
         else:
             b, n = base.metrics.get(metric), new.metrics.get(metric)
@@ -355,12 +354,12 @@ def _rollup(base: dict[str, EnvRun], new: dict[str, EnvRun], envs: list[str], cf
             continue
         b = statistics.fmean(base[e].metrics[metric] for e in envs)
         n = statistics.fmean(new[e].metrics[metric] for e in envs)
-        strata = []
+        strata = {}
         for e in envs:
             bv, nv = (v.get(metric, {}) for v in values.get(e, ({}, {})))
-            strata.append([nv[k] - bv[k] for k in bv if k in nv])
-        if paired and all(strata):
-            est = stats.paired_bootstrap(strata, cfg.confidence, cfg.resamples, cfg.seed)
+            strata[e] = [nv[k] - bv[k] for k in bv if k in nv]  # delta()'s order: the same draws
+        if paired and all(strata.values()):
+            est = stats.paired_bootstrap(strata, cfg.confidence, cfg.resampler)
             b = statistics.fmean(statistics.fmean(values[e][0][metric].values()) for e in envs)
             n = statistics.fmean(statistics.fmean(values[e][1][metric].values()) for e in envs)
         else:
@@ -411,7 +410,7 @@ def compare(
     paths = [candidates] if isinstance(candidates, Path) else list(candidates)
     if not paths:
         raise CompareError("no candidate run to compare with the base")
-    cfg = Settings(metrics, threshold, confidence, resamples, seed)
+    cfg = Settings(metrics, threshold, confidence, stats.Resampler(resamples, seed))
     base = load_run(base_path)
     unknown = [a for a in agents if a not in base]
     if unknown:

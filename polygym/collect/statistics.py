@@ -22,8 +22,10 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from array import array
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Generic, TypeVar
 
 from polygym.row import PASS_THRESHOLD
@@ -71,35 +73,73 @@ def mean_interval(values: Sequence[float], confidence: float = DEFAULT_CONFIDENC
     return Estimate(mean, max(min(values), mean - half), min(max(values), mean + half), len(values), NORMAL)
 
 
+class Resampler:
+    """Bootstrap draws of task positions, made once per stratum and size and reused.
+
+    Drawing is the slow part (a Python loop per task per resample); summing values at drawn
+    positions is not. So every metric of an environment, every candidate against the same base and
+    the all-environments roll-up reuse one set of draws per (environment, task count): the
+    intervals of one comparison are consistent with each other, and 10 environments x 500 tasks x
+    2000 resamples cost seconds, not minutes. Each stratum's draws come from their own seeded
+    generator, so strata are resampled independently and the result does not depend on the order
+    in which they are asked for.
+    """
+
+    def __init__(self, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> None:
+        if resamples < 1:
+            raise ValueError(f"resamples must be >= 1, got {resamples}")
+        self.resamples, self.seed = resamples, seed
+        self._draws: dict[tuple[str, int], list[array[int]]] = {}
+        self._means: dict[tuple[str, tuple[float, ...]], list[float]] = {}
+
+    def _positions(self, stratum: str, n: int) -> list[array[int]]:
+        draws = self._draws.get((stratum, n))
+        if draws is None:
+            rng = random.Random(f"{self.seed}/{stratum}/{n}")
+            # int(u * n) for uniform u in [0, 1), iterated in C: 20x faster than random.choices
+            uniform = iter(rng.random, 2.0)  # random() never returns 2.0: an endless stream
+            scale = float(n).__mul__
+            draws = [array("l", map(int, map(scale, islice(uniform, n)))) for _ in range(self.resamples)]
+            self._draws[(stratum, n)] = draws
+        return draws
+
+    def means(self, values: Sequence[float], stratum: str = "") -> list[float]:
+        """The mean of ``values`` in every resample (remembered: pass@1 and the mean reward of
+        0/1 rewards are the same values, and the roll-up asks again for every environment's)."""
+        key = (stratum, tuple(values))
+        found = self._means.get(key)
+        if found is None:
+            n = len(key[1])
+            get = key[1].__getitem__
+            found = self._means[key] = [sum(map(get, d)) / n for d in self._positions(stratum, n)]
+        return found
+
+
 def paired_bootstrap(
-    strata: Sequence[Sequence[float]],
+    strata: Mapping[str, Sequence[float]],
     confidence: float = DEFAULT_CONFIDENCE,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    resampler: Resampler | None = None,
 ) -> Estimate:
     """Percentile bootstrap interval of the mean of per-task differences (new - base).
 
-    ``strata`` holds each environment's differences; the statistic is the average of the strata's
-    means, so one large environment cannot drown a small one. One stratum is a plain mean.
+    ``strata`` holds each environment's differences by its name; the statistic is the average of
+    the strata's means, so one large environment cannot drown a small one. One stratum is a plain
+    mean.
     """
     _check_confidence(confidence)
-    if resamples < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
-    groups = [list(g) for g in strata if g]
+    groups = {name: list(g) for name, g in strata.items() if g}
     if not groups:
         return NOTHING
-    point = statistics.fmean(statistics.fmean(g) for g in groups)
-    n = sum(len(g) for g in groups)
-    if all(len(g) < 2 for g in groups):
+    point = statistics.fmean(statistics.fmean(g) for g in groups.values())
+    n = sum(len(g) for g in groups.values())
+    if all(len(g) < 2 for g in groups.values()):
         return Estimate(point, None, None, n)
-    rng = random.Random(seed)
-    draws = sorted(
-        sum(math.fsum(rng.choices(g, k=len(g))) / len(g) for g in groups) / len(groups)
-        for _ in range(resamples)
-    )
+    resampler = resampler or Resampler()
+    columns = [resampler.means(g, name) for name, g in groups.items()]
+    draws = sorted(sum(row) / len(columns) for row in zip(*columns, strict=True))
     tail = (1 - confidence) / 2
-    low = draws[min(resamples - 1, math.floor(tail * resamples))]
-    high = draws[max(0, math.ceil((1 - tail) * resamples) - 1)]
+    low = draws[min(len(draws) - 1, math.floor(tail * len(draws)))]
+    high = draws[max(0, math.ceil((1 - tail) * len(draws)) - 1)]
     return Estimate(point, low, high, n, PAIRED)
 
 
@@ -125,14 +165,14 @@ def delta(
     base: Mapping[K, float],
     new: Mapping[K, float],
     confidence: float = DEFAULT_CONFIDENCE,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    resampler: Resampler | None = None,
+    stratum: str = "",
 ) -> Estimate:
     """``new - base`` over per-task values: paired over the shared tasks when there are any (the
     others are left out: a task one run never ran says nothing about the change), else Welch."""
     shared = [k for k in base if k in new]
     if shared:
-        return paired_bootstrap([[new[k] - base[k] for k in shared]], confidence, resamples, seed)
+        return paired_bootstrap({stratum: [new[k] - base[k] for k in shared]}, confidence, resampler)
     return welch(list(base.values()), list(new.values()), confidence)
 
 

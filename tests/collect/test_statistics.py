@@ -35,17 +35,30 @@ def test_clear_regression_interval_below_zero() -> None:
 
 
 def test_bootstrap_is_seeded_and_reproducible() -> None:
-    diffs = [[(-1.0) ** t * (t % 3) for t in range(30)]]
-    one = stats.paired_bootstrap(diffs, resamples=500, seed=7)
-    assert one == stats.paired_bootstrap(diffs, resamples=500, seed=7)
-    assert one != stats.paired_bootstrap(diffs, resamples=500, seed=8)
-    wider = stats.paired_bootstrap(diffs, confidence=0.99, resamples=500, seed=7)
+    diffs = {"a": [(-1.0) ** t * (t % 3) for t in range(30)]}
+    one = stats.paired_bootstrap(diffs, resampler=stats.Resampler(500, seed=7))
+    assert one == stats.paired_bootstrap(diffs, resampler=stats.Resampler(500, seed=7))
+    assert one != stats.paired_bootstrap(diffs, resampler=stats.Resampler(500, seed=8))
+    wider = stats.paired_bootstrap(diffs, confidence=0.99, resampler=stats.Resampler(500, seed=7))
     assert wider.low is not None and one.low is not None and wider.low <= one.low
+
+
+def test_draws_are_shared_per_stratum_and_independent_across_strata() -> None:
+    resampler = stats.Resampler(300, seed=1)
+    values = [float(t % 2) for t in range(20)]
+    assert resampler.means(values, "a") == resampler.means(values, "a")
+    assert resampler.means(values, "a") != resampler.means(values, "b")
+    # order-independent: a fresh resampler asked for "b" first gives "a" the same draws
+    other = stats.Resampler(300, seed=1)
+    other.means(values, "b")
+    assert other.means(values, "a") == resampler.means(values, "a")
 
 
 def test_strata_count_once_each() -> None:
     # a 2-task environment that dropped by 1 weighs as much as a 100-task one that did not move
-    est = stats.paired_bootstrap([[-1.0, -1.0], [0.0] * 100], resamples=200)
+    est = stats.paired_bootstrap(
+        {"small": [-1.0, -1.0], "large": [0.0] * 100}, resampler=stats.Resampler(200)
+    )
     assert est.mean == pytest.approx(-0.5) and est.n == 102
 
 
@@ -83,4 +96,4 @@ def test_small_samples_have_no_interval_and_bad_settings_raise() -> None:
     with pytest.raises(ValueError, match="confidence"):
         stats.mean_interval([1.0, 2.0], confidence=1.0)
     with pytest.raises(ValueError, match="resamples"):
-        stats.paired_bootstrap([[1.0, 2.0]], resamples=0)
+        stats.Resampler(0)
