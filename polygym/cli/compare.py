@@ -59,6 +59,7 @@ MAX_FLIPS_SHOWN = 10
     type=click.FloatRange(0, 1, min_open=True, max_open=True),
     default=stats.DEFAULT_CONFIDENCE,
     show_default=True,
+    help="Confidence level of the intervals.",
 )
 @click.option(
     "--bootstrap",

@@ -241,11 +241,6 @@ def load_run(path: Path) -> dict[str, EnvRun]:
     }
 
 
-def load_metrics(path: Path) -> dict[str, dict[str, float]]:
-    """``agent -> agent_metrics`` (numeric ones) of a run."""
-    return {name: env.metrics for name, env in load_run(path).items()}
-
-
 def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
