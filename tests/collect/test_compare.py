@@ -276,3 +276,12 @@ def test_agent_limits_the_environments(tmp_path: Path) -> None:
     assert [e["env"] for e in orjson.loads(only_a.stdout)["environments"]] == [A]
     unknown = run(str(base), str(new), "--agent", "nope")
     assert unknown.exit_code == 2 and "no environment nope" in unknown.stderr
+
+
+def test_folders_find_each_metrics_files_rollouts(tmp_path: Path) -> None:
+    for side, flags in (("base", BASE_A), ("new", DROP_A)):
+        write_run(tmp_path / side / "math", {A: solved_tasks(BASE_A)})
+        write_run(tmp_path / side / "code", {B: solved_tasks(flags)})
+    envs = {e.env: e for e in compare(tmp_path / "base", tmp_path / "new").candidates[0].environments}
+    assert reward_of(envs[A]).method == reward_of(envs[B]).method == "paired-bootstrap"
+    assert envs[B].status == "regression" and envs[A].status == "ok" and len(envs[B].lost) == 16
