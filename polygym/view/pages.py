@@ -197,7 +197,7 @@ def _comparison(base: RunIndex, new: RunIndex) -> dict[str, Any]:
             result = compare(base.source.metrics, new.source.metrics)
             metric_rows = [
                 {"env": env_label(e.env), "status": e.status, **m.__dict__}
-                for e in result.environments
+                for e in result.candidates[0].environments
                 for m in e.metrics
             ]
         except CompareError:

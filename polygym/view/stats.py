@@ -1,59 +1,29 @@
 """The numbers the overview and the compare page show, computed from a run's index.
 
-**Confidence intervals are over tasks, not rollouts.** The repeats of one task are correlated (an
-easy task passes every time), so treating 8 repeats of 50 tasks as 400 independent samples would
-make an interval far too narrow. Each task's mean reward is one sample; the interval is the normal
-approximation mean +/- 1.96 standard errors of those task means (none below two tasks), cut to
-the range of the task means, which the mean can never leave.
-
-**Comparing two runs** pairs tasks by their prompt (``RunIndex.task_key``): where both runs have
-tasks in common the delta is the mean of the per-task differences and its interval comes from
-their spread (paired, much tighter when both runs share the tasks' difficulty); otherwise it is the
-difference of the two means with both standard errors combined. A task is *solved* when at least
-half of its rollouts pass (reward >= ``PASS_THRESHOLD``); a *flip* is a paired task that is solved
-in one run and not the other. pass@k uses ``polygym.metrics``' estimator (the same as the run's metrics
-file), the per-metric deltas of two metrics files from ``polygym.collect.compare``.
+This is the viewer's adapter to ``polygym.collect.statistics``, where every interval is made: it
+turns a ``RunIndex`` into one value per task (a task's mean reward over its successful rollouts;
+failed rows have no reward to average) and hands those over. Tasks are paired by their prompt
+(``RunIndex.task_key``), so two runs over the same data pair up even when their task indices
+differ: paired bootstrap over shared tasks, Welch when none is shared, a normal-approximation
+interval for one run's mean. pass@k uses ``polygym.metrics``' estimator (the same as the run's
+metrics file), the per-metric deltas of two metrics files come from ``polygym.collect.compare``.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from polygym.collect import statistics as stats
+from polygym.collect.statistics import Estimate
+from polygym.collect.statistics import mean_interval as estimate
 from polygym.metrics import k_values, pass_at_k
 from polygym.row import ALL_ENVS, PASS_THRESHOLD
 from polygym.view.index import RunIndex
 
-Z95 = 1.959964
-
-
-@dataclass(frozen=True)
-class Estimate:
-    mean: float | None
-    low: float | None
-    high: float | None
-    n: int
-    """Samples (tasks) behind it."""
-
-
-def _half_width(values: Sequence[float]) -> float:
-    """1.96 standard errors of the mean of ``values`` (at least two)."""
-    return Z95 * statistics.stdev(values) / math.sqrt(len(values))
-
-
-def estimate(values: Sequence[float]) -> Estimate:
-    """Mean and 95% interval (normal approximation) of independent samples."""
-    if not values:
-        return Estimate(None, None, None, 0)
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return Estimate(mean, None, None, len(values))
-    half = _half_width(values)
-    # A mean never leaves the range of what it averages: rewards in [0, 1] get no interval past 1.
-    return Estimate(mean, max(min(values), mean - half), min(max(values), mean + half), len(values))
+__all__ = ["Estimate", "estimate"]
 
 
 def env_rows(index: RunIndex) -> dict[str, list[int]]:
@@ -82,8 +52,8 @@ def task_means(index: RunIndex, rows: Sequence[int]) -> dict[str, float]:
     }
 
 
-def solved(index: RunIndex, members: Sequence[int]) -> bool:
-    return sum(index.reward[i] >= PASS_THRESHOLD for i in members) * 2 >= len(members)
+def _rewards(index: RunIndex, groups: dict[str, list[int]]) -> dict[str, list[float]]:
+    return {key: [index.reward[i] for i in members] for key, members in groups.items()}
 
 
 def pass_rates(index: RunIndex, groups: dict[str, list[int]]) -> dict[str, float]:
@@ -147,21 +117,6 @@ class EnvDelta:
     """Tasks in both runs (0: the delta is unpaired)."""
 
 
-def delta(base: dict[str, float], new: dict[str, float]) -> tuple[Estimate, int]:
-    """The new-minus-base mean reward with its interval: paired over shared tasks when there are any."""
-    shared = sorted(set(base) & set(new))
-    if shared:
-        return estimate([new[k] - base[k] for k in shared]), len(shared)
-    a, b = estimate(list(base.values())), estimate(list(new.values()))
-    if a.mean is None or b.mean is None:
-        return Estimate(None, None, None, 0), 0
-    if a.n < 2 or b.n < 2:
-        return Estimate(b.mean - a.mean, None, None, min(a.n, b.n)), 0
-    half = math.hypot(_half_width(list(base.values())), _half_width(list(new.values())))
-    diff = b.mean - a.mean
-    return Estimate(diff, diff - half, diff + half, min(a.n, b.n)), 0
-
-
 def compare_envs(base: RunIndex, new: RunIndex) -> list[EnvDelta]:
     base_rows, new_rows = env_rows(base), env_rows(new)
     envs = [e for e in base_rows if e != ALL_ENVS] + [e for e in new_rows if e not in base_rows]
@@ -169,7 +124,8 @@ def compare_envs(base: RunIndex, new: RunIndex) -> list[EnvDelta]:
     for env in [*envs, ALL_ENVS]:
         a = task_means(base, base_rows.get(env, []))
         b = task_means(new, new_rows.get(env, []))
-        d, paired = delta(a, b)
+        d = stats.delta(a, b)
+        paired = len(a.keys() & b.keys())
         out.append(EnvDelta(env, estimate(list(a.values())), estimate(list(b.values())), d, paired))
     return out
 
@@ -187,11 +143,11 @@ class Flip:
 def flips(base: RunIndex, new: RunIndex) -> list[Flip]:
     """Tasks in both runs whose solved state differs, losses first (they are what to look at)."""
     a, b = task_groups(base, range(len(base))), task_groups(new, range(len(new)))
-    out = []
-    for key in a.keys() & b.keys():
-        was, now = solved(base, a[key]), solved(new, b[key])
-        if was != now:
-            env = base.envs[base.env[a[key][0]]]
-            out.append(Flip(env, key, a[key], b[key], now))
+    found = stats.flips(_rewards(base, a), _rewards(new, b))
+    out = [
+        Flip(base.envs[base.env[a[key][0]]], key, a[key], b[key], now_solved)
+        for keys, now_solved in ((found.lost, False), (found.gained, True))
+        for key in keys
+    ]
     out.sort(key=lambda f: (f.now_solved, f.env, f.base_rows[0]))
     return out
