@@ -131,3 +131,21 @@ def aggregate(
         or key.startswith(("pass@", "majority@"))
     }
     return {"agent_metrics": agent_metrics, "key_metrics": key_metrics, "group_level_metrics": rows}
+
+
+NEMO_BLOCKS: dict[str, type] = {
+    "agent_metrics": dict,
+    "key_metrics": dict,
+    "group_level_metrics": list,
+    "repeat_level_metrics": list,
+}
+
+
+def nemo_shape(result: dict[str, Any]) -> dict[str, Any]:
+    """An environment's metrics answered as NeMo Gym's ``AggregateMetrics``.
+
+    Environments override ``aggregate_metrics`` and may return only some blocks; NeMo Gym's
+    collector validates the answer and reads every block, so the missing ones are added empty.
+    Everything the environment computed stays as it is.
+    """
+    return {**{key: kind() for key, kind in NEMO_BLOCKS.items()}, **result}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 AGENT_KIND = "responses_api_agents"
 RESOURCES_KIND = "resources_servers"
@@ -116,9 +116,24 @@ class SeedSessionRequest(OpenModel):
 
 
 class AggregateMetricsRequest(OpenModel):
-    """Body of ``POST /aggregate_metrics``: verified rollouts of one agent."""
+    """Body of ``POST /aggregate_metrics``: verified rollouts of one agent.
+
+    polygym's collectors send them as ``rollouts``, NeMo Gym's as ``verify_responses``; either
+    key is read so each project's collector gets real metrics from the other's servers. Sending
+    both is refused rather than guessing which one the caller meant.
+    """
 
     rollouts: list[dict[str, Any]] = Field(default_factory=list)
+    verify_responses: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def one_list(self) -> AggregateMetricsRequest:
+        if self.verify_responses is not None and "rollouts" in self.model_fields_set:
+            raise ValueError("send the rollouts as either 'rollouts' or 'verify_responses', not both")
+        return self
+
+    def all_rollouts(self) -> list[dict[str, Any]]:
+        return self.rollouts if self.verify_responses is None else self.verify_responses
 
 
 def new_id(prefix: str) -> str:

@@ -264,7 +264,7 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
         return {"released": bool(session_id and self.sessions.release(session_id))}
 
     async def _aggregate(self, body: AggregateMetricsRequest, request: Request) -> dict[str, Any]:
-        return self.aggregate_metrics(body.rollouts)
+        return metrics.nemo_shape(self.aggregate_metrics(body.all_rollouts()))
 
     async def _list_tools(self, request: Request) -> Response:
         return json_response(self.tool_schemas())

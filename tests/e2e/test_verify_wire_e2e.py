@@ -50,6 +50,10 @@ async def test_agent_sends_complete_openai_response_to_verify() -> None:
             assert_openai_response(response)
             assert response["tools"] == row["responses_create_params"].get("tools", [])
             assert {i["type"] for i in response["output"]} >= {"function_call", "message"}
+            body = {"verify_responses": [{**result, "_ng_task_index": 0, "_ng_rollout_index": 0}]}
+            metrics = (await client.call(f"{env}_simple_agent", "/aggregate_metrics", body)).json()
+            assert metrics["agent_metrics"]["num_rollouts"] == 1
+            assert metrics["agent_metrics"]["mean/reward"] == 1.0
     finally:
         await client.close()
         await stack.stop()

@@ -1,0 +1,76 @@
+"""NeMo Gym's side of the wire: its collectors' request bodies and the answer shapes it reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from polygym.net.asgi_transport import asgi_request
+from polygym.protocol import complete_response
+from polygym.servers.resources import ResourcesServer
+
+JSON = [(b"content-type", b"application/json")]
+
+
+def verified(task: int, rollout: int, reward: float) -> dict[str, Any]:
+    usage = {"input_tokens": 10, "output_tokens": 2 + rollout, "total_tokens": 12 + rollout}
+    return {
+        "_ng_task_index": task,
+        "_ng_rollout_index": rollout,
+        "reward": reward,
+        "response": {"output": [], "usage": usage},
+    }
+
+
+ROLLOUTS = [verified(t, r, float(t == r)) for t in range(2) for r in range(2)]
+
+
+async def post(app: Any, path: str, body: Any) -> tuple[int, Any]:
+    status, _, raw = await asgi_request(app, "POST", path, orjson.dumps(body), JSON)
+    return status, orjson.loads(raw)
+
+
+async def test_aggregate_metrics_reads_nemo_gyms_verify_responses_key() -> None:
+    server = ResourcesServer("env", {})
+    status, nemo = await post(server.app, "/aggregate_metrics", {"verify_responses": ROLLOUTS})
+    assert status == 200
+    _, ours = await post(server.app, "/aggregate_metrics", {"rollouts": ROLLOUTS})
+    assert nemo == ours
+    assert nemo["agent_metrics"]["num_rollouts"] == 4
+    assert nemo["agent_metrics"]["mean/reward"] == 0.5
+    assert {"agent_metrics", "key_metrics", "group_level_metrics", "repeat_level_metrics"} <= set(nemo)
+
+
+async def test_aggregate_metrics_refuses_both_keys_naming_them() -> None:
+    server = ResourcesServer("env", {})
+    status, body = await post(server.app, "/aggregate_metrics", {"rollouts": [], "verify_responses": []})
+    assert status == 422
+    assert "verify_responses" in orjson.dumps(body).decode()
+
+
+async def test_an_environments_own_metrics_survive_the_nemo_shape() -> None:
+    class Custom(ResourcesServer):
+        def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+            return {"agent_metrics": {"mean/custom": 7.0}}
+
+    status, body = await post(Custom("env", {}).app, "/aggregate_metrics", {"verify_responses": ROLLOUTS})
+    assert status == 200
+    assert body["agent_metrics"] == {"mean/custom": 7.0}
+    assert body["key_metrics"] == {} and body["group_level_metrics"] == []
+
+
+def test_complete_response_keeps_given_fields_and_fills_the_rest() -> None:
+    lean = {"output": [{"type": "message", "content": [{"type": "output_text", "text": "hi"}]}]}
+    done = complete_response(lean, {"tools": [{"type": "function", "name": "f"}], "tool_choice": "none"})
+    assert done["tools"] == [{"type": "function", "name": "f"}] and done["tool_choice"] == "none"
+    assert done["parallel_tool_calls"] is True and done["object"] == "response"
+    message = done["output"][0]
+    assert message["id"].startswith("msg_") and message["status"] == "completed"
+    assert message["content"][0]["annotations"] == []
+    assert done["usage"]["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}
+    given = {"id": "resp_1", "usage": {"input_tokens": 3, "input_tokens_details": {"cached_tokens": 2}}}
+    kept = complete_response(given)
+    assert kept["id"] == "resp_1"
+    assert kept["usage"]["input_tokens"] == 3 and kept["usage"]["total_tokens"] == 0
+    assert kept["usage"]["input_tokens_details"]["cached_tokens"] == 2
