@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from polygym.net.asgi_transport import asgi_request
-from polygym.protocol import complete_response
+from polygym.protocol import VerifyRequest, complete_response
 from polygym.servers.resources import ResourcesServer
 
 JSON = [(b"content-type", b"application/json")]
@@ -74,3 +74,27 @@ def test_complete_response_keeps_given_fields_and_fills_the_rest() -> None:
     assert kept["id"] == "resp_1"
     assert kept["usage"]["input_tokens"] == 3 and kept["usage"]["total_tokens"] == 0
     assert kept["usage"]["input_tokens_details"]["cached_tokens"] == 2
+
+
+class Scored(ResourcesServer):
+    async def verify(self, body: VerifyRequest) -> dict[str, Any]:
+        return {**body.model_dump(), "reward": 1.0}
+
+
+async def test_verify_ends_the_session_and_a_later_end_session_still_succeeds() -> None:
+    server = Scored("env", {})
+    status, headers, _ = await asgi_request(server.app, "POST", "/seed_session", b"{}", JSON)
+    assert status == 200
+    cookie = next(v for k, v in headers if k == b"set-cookie").split(b";")[0]
+    with_cookie = [*JSON, (b"cookie", cookie)]
+    row = {"responses_create_params": {"input": []}, "response": {"output": []}}
+    status, _, _ = await asgi_request(server.app, "POST", "/verify", orjson.dumps(row), with_cookie)
+    assert status == 200
+    assert server.sessions.stats() == {"active": 0, "released": 1, "expired": 0}  # no /end_session
+    status, _, body = await asgi_request(server.app, "POST", "/end_session", b"{}", with_cookie)
+    assert status == 200 and orjson.loads(body) == {"released": True}
+    assert server.sessions.stats()["released"] == 1
+    status, _, body = await asgi_request(
+        server.app, "POST", "/end_session", b"{}", [*JSON, (b"cookie", b"polygym_session=nope")]
+    )
+    assert status == 200 and orjson.loads(body) == {"released": False}
