@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+from omegaconf import OmegaConf
 from openai.types.responses import Response
 from openai.types.responses.response_function_tool_call_output_item import (
     ResponseFunctionToolCallOutputItem,
@@ -42,6 +44,12 @@ async def test_agent_sends_complete_openai_response_to_verify() -> None:
     await stack.start()
     client = ServerClient(stack.head_url)
     try:
+        reply = await client.request_url("GET", f"{stack.head_url}/global_config_dict_yaml")
+        nemo_config = OmegaConf.create(orjson.loads(reply.body))
+        for name in (*ENVS, "policy_model"):
+            server = next(iter(next(iter(nemo_config[name].values())).values()))
+            health = await client.request_url("GET", f"http://{server.host}:{server.port}/")
+            assert health.status == 200, name
         for env in ENVS:
             row = example_rows(env)[0]
             result = (await client.call(f"{env}_simple_agent", "/run", row)).json()

@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from omegaconf import OmegaConf
 
 from polygym.net.asgi_transport import asgi_request
+from polygym.net.client import ServerClient
+from polygym.net.listen import AppServer, bind_socket
+from polygym.net.retry import NO_RETRY
 from polygym.protocol import VerifyRequest, complete_response
 from polygym.servers.resources import ResourcesServer
+from polygym.stack.head import Registry, head_app
 
 JSON = [(b"content-type", b"application/json")]
 
@@ -98,3 +103,39 @@ async def test_verify_ends_the_session_and_a_later_end_session_still_succeeds() 
         server.app, "POST", "/end_session", b"{}", [*JSON, (b"cookie", b"polygym_session=nope")]
     )
     assert status == 200 and orjson.loads(body) == {"released": False}
+
+
+async def test_a_nemo_gym_client_resolves_stack_names_from_the_head_without_the_secret() -> None:
+    registry = Registry()
+    registry.register(
+        {
+            "name": "policy_model",
+            "kind": "responses_api_models",
+            "implementation": "vllm_model",
+            "url": "http://127.0.0.1:4321",
+            "pid": 9,
+        }
+    )
+    public = {
+        "policy_model": {"responses_api_models": {"vllm_model": {"api_key": "sk-live-0123456789abcdef"}}}
+    }
+    server = AppServer(head_app(registry, public, "stack-n", "the-secret"), bind_socket())
+    await server.start()
+    client = ServerClient(pool_size=2)
+    try:
+        reply = await client.request_url("GET", f"{server.url}/global_config_dict_yaml", retry=NO_RETRY)
+        assert reply.status == 200
+        # What NeMo Gym's ServerClient does: JSON-decode the body, parse the text as YAML with OmegaConf,
+        # then take the first implementation of the first kind under the server's name.
+        config = OmegaConf.create(orjson.loads(reply.body))
+        model = next(iter(next(iter(config["policy_model"].values())).values()))
+        assert (model.host, model.port) == ("127.0.0.1", 4321)
+        assert model.api_key == "****" and b"sk-live" not in reply.body
+        assert config["head_server"]["port"] == int(server.url.rsplit(":", 1)[1])
+        instances = (await client.request_url("GET", f"{server.url}/server_instances", retry=NO_RETRY)).json()
+        assert [(i["process_name"], i["server_type"], i["name"], i["port"], i["pid"]) for i in instances] == [
+            ("policy_model", "responses_api_models", "vllm_model", 4321, 9)
+        ]
+    finally:
+        await client.close()
+        await server.stop()
