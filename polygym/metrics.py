@@ -1,9 +1,10 @@
 """Aggregate metrics over verified rollouts, in NeMo Gym's ``_aggregate_metrics.json`` shape.
 
 One entry per agent holds ``agent_metrics`` (every statistic), ``key_metrics`` (the few numbers a
-person looks at first) and ``group_level_metrics`` (one row per task). pass@k uses the unbiased
-estimator 1 - C(n-c, k) / C(n, k) over the n rollouts of each task, which is what papers report;
-the naive "any of the first k" estimate is biased and depends on rollout order.
+person looks at first), ``group_level_metrics`` (one row per task) and ``repeat_level_metrics``
+(one row per rollout index, when there are several: how much a whole pass over the data varies).
+pass@k uses the unbiased estimator 1 - C(n-c, k) / C(n, k) over the n rollouts of each task, which
+is what papers report; the naive "any of the first k" estimate is biased and depends on rollout order.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from polygym.row import INDEX_FIELDS, PASS_THRESHOLD, TASK_INDEX, reward, usage
+from polygym.row import INDEX_FIELDS, PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward, usage
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -44,7 +45,9 @@ def numeric_fields(rollout: dict[str, Any]) -> dict[str, float]:
     }
     if "reward" in rollout:
         values["reward"] = reward(rollout)  # booleans and bad values read as everywhere else
-    values.update({f"usage/{key}": count for key, count in usage(rollout).items()})
+    counts = usage(rollout)
+    values.update({f"usage/{key}": count for key, count in counts.items()})
+    values.update(counts)  # NeMo Gym lifts usage to the top level: its keys read ``mean/input_tokens``
     return values
 
 
@@ -109,6 +112,53 @@ def group_metrics(
     return summary, rows
 
 
+def repeat_statistics(values: list[float]) -> dict[str, float]:
+    """What NeMo Gym reports per repeat: sample std (n-1), its standard error and quartiles."""
+    n = len(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    p25, _, p75 = statistics.quantiles(values, n=4, method="inclusive") if n > 1 else (values[0],) * 3
+    return {
+        "mean": statistics.fmean(values),
+        "median": statistics.median(values),
+        "std": std,
+        "sem": std / math.sqrt(n),
+        "min": min(values),
+        "max": max(values),
+        "p25": p25,
+        "p75": p75,
+    }
+
+
+def repeat_metrics(rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per rollout index (repeat) over all tasks; none unless there are several repeats.
+
+    Each repeat is one full pass over the data, so the spread of its ``mean/reward`` across
+    repeats is the run-to-run noise a score comparison must beat.
+    """
+    by_repeat: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for rollout in rollouts:
+        by_repeat[rollout.get(ROLLOUT_INDEX, 0)].append(rollout)
+    if len(by_repeat) < 2:
+        return []
+    all_tasks = len({r.get(TASK_INDEX, 0) for r in rollouts})
+    rows = []
+    for index, members in sorted(by_repeat.items(), key=lambda kv: str(kv[0])):
+        present = len({r.get(TASK_INDEX, 0) for r in members})
+        row: dict[str, Any] = {
+            ROLLOUT_INDEX: index,
+            "sample_count": present,
+            "missing_count": all_tasks - present,
+        }
+        by_field: dict[str, list[float]] = defaultdict(list)
+        for rollout in members:
+            for key, value in numeric_fields(rollout).items():
+                by_field[key].append(value)
+        for key in sorted(by_field):
+            row.update({f"{stat}/{key}": v for stat, v in repeat_statistics(by_field[key]).items()})
+        rows.append(row)
+    return rows
+
+
 def aggregate(
     rollouts: list[dict[str, Any]], pass_threshold: float = PASS_THRESHOLD, answer_field: str | None = None
 ) -> dict[str, Any]:
@@ -118,16 +168,41 @@ def aggregate(
             "agent_metrics": {"num_rollouts": 0},
             "key_metrics": {"num_rollouts": 0},
             "group_level_metrics": [],
+            "repeat_level_metrics": [],
         }
     agent_metrics: dict[str, Any] = {"num_rollouts": len(rollouts), "num_tasks": 0}
     agent_metrics.update(field_statistics(rollouts))
     summary, rows = group_metrics(rollouts, pass_threshold, answer_field)
     agent_metrics["num_tasks"] = len(rows)
     agent_metrics.update(summary)
+    agent_metrics["num_repeats"] = len({r.get(ROLLOUT_INDEX, 0) for r in rollouts})
     key_metrics = {
         key: value
         for key, value in agent_metrics.items()
         if key in ("num_rollouts", "mean/reward", "std/reward", "mean/usage/total_tokens")
         or key.startswith(("pass@", "majority@"))
     }
-    return {"agent_metrics": agent_metrics, "key_metrics": key_metrics, "group_level_metrics": rows}
+    return {
+        "agent_metrics": agent_metrics,
+        "key_metrics": key_metrics,
+        "group_level_metrics": rows,
+        "repeat_level_metrics": repeat_metrics(rollouts),
+    }
+
+
+NEMO_BLOCKS: dict[str, type] = {
+    "agent_metrics": dict,
+    "key_metrics": dict,
+    "group_level_metrics": list,
+    "repeat_level_metrics": list,
+}
+
+
+def nemo_shape(result: dict[str, Any]) -> dict[str, Any]:
+    """An environment's metrics answered as NeMo Gym's ``AggregateMetrics``.
+
+    Environments override ``aggregate_metrics`` and may return only some blocks; NeMo Gym's
+    collector validates the answer and reads every block, so the missing ones are added empty.
+    Everything the environment computed stays as it is.
+    """
+    return {**{key: kind() for key, kind in NEMO_BLOCKS.items()}, **result}

@@ -9,13 +9,14 @@ the small helpers below.
 
 from __future__ import annotations
 
+import copy
 import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 AGENT_KIND = "responses_api_agents"
 RESOURCES_KIND = "resources_servers"
@@ -115,9 +116,24 @@ class SeedSessionRequest(OpenModel):
 
 
 class AggregateMetricsRequest(OpenModel):
-    """Body of ``POST /aggregate_metrics``: verified rollouts of one agent."""
+    """Body of ``POST /aggregate_metrics``: verified rollouts of one agent.
+
+    polygym's collectors send them as ``rollouts``, NeMo Gym's as ``verify_responses``; either
+    key is read so each project's collector gets real metrics from the other's servers. Sending
+    both is refused rather than guessing which one the caller meant.
+    """
 
     rollouts: list[dict[str, Any]] = Field(default_factory=list)
+    verify_responses: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def one_list(self) -> AggregateMetricsRequest:
+        if self.verify_responses is not None and "rollouts" in self.model_fields_set:
+            raise ValueError("send the rollouts as either 'rollouts' or 'verify_responses', not both")
+        return self
+
+    def all_rollouts(self) -> list[dict[str, Any]]:
+        return self.rollouts if self.verify_responses is None else self.verify_responses
 
 
 def new_id(prefix: str) -> str:
@@ -172,6 +188,77 @@ def new_response(
     }
     body.update(extra)
     return body
+
+
+ZERO_USAGE_DETAILS = {
+    "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+    "output_tokens_details": {"reasoning_tokens": 0},
+}
+# Create parameters an OpenAI Response repeats; NeMo Gym's verify request requires them.
+ECHOED_PARAMS: dict[str, Any] = {"tools": [], "tool_choice": "auto", "parallel_tool_calls": True}
+
+
+def complete_response(response: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``response`` with every field an OpenAI ``Response`` requires, defaults filled in.
+
+    Model servers and agents build responses lean (the fields polygym reads); NeMo Gym's
+    verifiers validate the ``response`` of ``/verify`` as a complete OpenAI Response and answer
+    422 for a missing ``tools`` or ``usage.input_tokens_details``. This is the one place where
+    the gaps are closed, so what an agent sends verifies against either project. Fields already
+    present are kept as they are; the echoed create parameters come from ``params`` when given.
+    """
+    params = params or {}
+    done = {**response}
+    done.setdefault("id", new_id("resp"))
+    done.setdefault("object", "response")
+    done.setdefault("created_at", int(time.time()))
+    if not isinstance(done.get("model"), str):
+        done["model"] = str(params.get("model") or "")
+    for field, default in ECHOED_PARAMS.items():
+        if done.get(field) is None:
+            echoed = params.get(field)
+            done[field] = echoed if echoed is not None else copy.deepcopy(default)
+    output = done.get("output")
+    done["output"] = [complete_item(i) for i in output] if isinstance(output, list) else []
+    given_usage = done.get("usage")
+    usage: dict[str, Any] = given_usage if isinstance(given_usage, dict) else {}
+    done["usage"] = {**usage, **sum_usage([usage]), **complete_usage_details(usage)}
+    return done
+
+
+def complete_usage_details(usage: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The token detail objects of ``usage``, missing or null counts as 0."""
+    details = {}
+    for key, zeros in ZERO_USAGE_DETAILS.items():
+        raw = usage.get(key)
+        given: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        details[key] = {**given, **{k: v for k, v in zeros.items() if given.get(k) is None}}
+    return details
+
+
+def complete_item(item: Any) -> Any:
+    """An output item with the ids, status and annotations OpenAI's item types require."""
+    if not isinstance(item, dict):
+        return item
+    kind = item.get("type")
+    if kind == "message" and item.get("role", "assistant") == "assistant":
+        content = item.get("content")
+        parts = content if isinstance(content, list) else [{"type": "output_text", "text": item_text(item)}]
+        return {
+            "id": new_id("msg"),
+            "role": "assistant",
+            "status": "completed",
+            **item,
+            "content": [
+                {"annotations": [], **part}
+                if isinstance(part, dict) and part.get("type") == "output_text"
+                else part
+                for part in parts
+            ],
+        }
+    if kind in ("function_call", "function_call_output"):
+        return {"id": new_id("fc" if kind == "function_call" else "fco"), "status": "completed", **item}
+    return item
 
 
 def output_text(items: list[dict[str, Any]]) -> str:

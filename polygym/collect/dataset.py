@@ -70,11 +70,17 @@ def read_rows(path: Path, problems: list[str], limit: int | None = None) -> list
 
 
 def _check_input(where: str, value: Any, problems: list[str]) -> None:
+    """A string or a list of input items; an empty list is valid, as NeMo Gym accepts it.
+
+    Rows whose prompt comes from elsewhere (``instructions``, or an environment that builds the
+    first observation in ``/seed_session``) carry ``input: []``, and NeMo Gym datasets ship them.
+    """
     if isinstance(value, str):
         return
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, list):
         problems.append(
-            f"{where}: responses_create_params.input: must be a string or a non-empty list of items"
+            f"{where}: responses_create_params.input: must be a string or a list of items, "
+            f"got {type(value).__name__}"
         )
         return
     for i, item in enumerate(value):

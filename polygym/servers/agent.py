@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from polygym.net import budget
 from polygym.net.client import ServerCallError
-from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
+from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND, complete_response
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, json_endpoint
 
 RELEASE_TIMEOUT_S = 10.0
@@ -91,7 +91,7 @@ class Agent(BaseServer[AgentConfigT]):
         params = create_params(row)
         cookies = await self.seed_session(row)
         try:
-            response = await self.play(params, cookies)
+            response = complete_response(await self.play(params, cookies), params)
             if not verify:
                 return response
             reply = await self.client.call(

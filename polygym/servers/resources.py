@@ -257,26 +257,25 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
         return self._with_cookie(request, result)
 
     async def _verify(self, body: VerifyRequest, request: Request) -> Response:
-        """Verify within the rollout's session; a cookie-less call uses a throwaway one."""
+        """Verify within the rollout's session (a cookie-less call uses a throwaway one), then end it."""
         session = self._session_for(request)
-        throwaway = getattr(request.state, "new_session", None) is not None
         try:
             if self._verify_wants_session:
                 result = await self.verify(body, session=session)
             else:
                 result = await self.verify(body)  # type: ignore[call-arg]
         finally:
-            if throwaway:
-                self.sessions.release(session.id)
-                request.state.new_session = None
+            # The rollout is over: release now, since NeMo Gym's agents never call /end_session.
+            self.sessions.release(session.id)
+            request.state.new_session = None
         return self._with_cookie(request, result)
 
     async def _end_session(self, body: Any, request: Request) -> dict[str, Any]:
         session_id = request.cookies.get(SESSION_COOKIE)
-        return {"released": bool(session_id and self.sessions.release(session_id))}
+        return {"released": bool(session_id and self.sessions.end(session_id))}
 
     async def _aggregate(self, body: AggregateMetricsRequest, request: Request) -> dict[str, Any]:
-        return self.aggregate_metrics(body.rollouts)
+        return metrics.nemo_shape(self.aggregate_metrics(body.all_rollouts()))
 
     async def _list_tools(self, request: Request) -> Response:
         return json_response(self.tool_schemas())

@@ -3,8 +3,10 @@
 Why a cookie: agents written for NeMo Gym forward the cookies they receive from
 ``/seed_session`` on every later call, so keying state by a cookie keeps them working unchanged.
 Why explicit release plus an idle time-out: a long training run seeds millions of sessions; state
-that is never freed grows without bound. Agents release after verify (``POST /end_session``) and a
-sweeper drops sessions abandoned by crashed agents.
+that is never freed grows without bound. A session ends when its rollout is verified, because
+NeMo Gym's agents never call ``POST /end_session``; polygym's agents still call it afterwards (and
+for rollouts that fail before verify), so ending a session just released at verify answers as a
+success. A sweeper drops sessions abandoned by crashed agents.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 SESSION_COOKIE = "polygym_session"
+REMEMBERED_RELEASES = 4096
+"""Released ids kept so a late ``/end_session`` succeeds; bounded, ids are 32 bytes each."""
 
 
 @dataclass
@@ -36,6 +41,7 @@ class SessionStore:
         self.idle_timeout_s = idle_timeout_s
         self._sessions: dict[str, Session] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._recently_released: OrderedDict[str, None] = OrderedDict()
         self.released = 0
         self.expired = 0
 
@@ -58,7 +64,18 @@ class SessionStore:
         if self._sessions.pop(session_id, None) is None:
             return False
         self.released += 1
+        self._recently_released[session_id] = None
+        if len(self._recently_released) > REMEMBERED_RELEASES:
+            self._recently_released.popitem(last=False)
         return True
+
+    def end(self, session_id: str) -> bool:
+        """Release for a caller ending its rollout: also True when the session was already released.
+
+        Idempotent so that ``/end_session`` after ``/verify`` (which released the session) is no
+        error; an id that expired or never existed still answers False.
+        """
+        return self.release(session_id) or session_id in self._recently_released
 
     def expire_idle(self, now: float | None = None) -> int:
         """Drop sessions idle for longer than the time-out; returns how many were dropped."""

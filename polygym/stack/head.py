@@ -9,6 +9,14 @@ can reach it, so:
 * **Reads are open**: ``GET /``, ``GET /servers`` and ``GET /config``. A collector joining the
   stack (``gym eval run --head-url``) and NeMo Gym's own servers only read, and nothing read here
   is secret: addresses are not, and the config is served with secrets masked.
+* **NeMo Gym's head routes are reads too**: ``GET /global_config_dict_yaml`` and
+  ``GET /server_instances``. NeMo Gym's ``ServerClient`` fetches the first with a bare GET (no
+  header, no secret: it has none to send) to resolve a server name to ``host``/``port``, and
+  ``gym env status`` reads the second. They carry what ``/config`` and ``/servers`` already serve
+  openly — the config, masked again with ``polygym.redact`` here so a secret that reached the
+  head unmasked still never leaves it, plus each registered server's address and pid — so serving
+  them without the secret discloses nothing new, and requiring it would break every NeMo Gym
+  server pointed at this stack.
 * **Writes need the stack secret**: ``POST /register`` must carry the secret the launcher created
   for this stack (``STACK_SECRET_HEADER``), compared in constant time. Without it the answer is
   401, with a wrong one 403, so a process that is not part of the stack cannot take over a name
@@ -32,13 +40,16 @@ import hmac
 import os
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
+import yaml
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from polygym import redact
 from polygym.servers.base import HTTPError, JsonEndpoint, error_response, json_response
 from polygym.servers.inbound import InboundGuard
 
@@ -125,6 +136,46 @@ def check_secret(request: Request, secret: str | None) -> None:
         )
 
 
+HEAD_SERVER_KEY = "head_server"
+"""NeMo Gym's top-level config key for the head's own address."""
+
+
+def nemo_config(
+    public_config: dict[str, Any], entries: dict[str, dict[str, Any]], head_url: str
+) -> dict[str, Any]:
+    """The stack's config as NeMo Gym's global config: ``name -> kind -> implementation -> {host, port}``.
+
+    polygym binds ports at start (DESIGN §4), so the addresses come from the registry, written
+    where NeMo Gym's ``get_first_server_config_dict`` looks for them.
+    """
+    config = redact.mask_secrets(public_config)
+    for name, entry in entries.items():
+        address = urlsplit(str(entry["url"]))
+        server = (
+            config.setdefault(name, {}).setdefault(entry["kind"], {}).setdefault(entry["implementation"], {})
+        )
+        server.update(host=address.hostname, port=address.port)
+    head = urlsplit(head_url)
+    config[HEAD_SERVER_KEY] = {"host": head.hostname, "port": head.port}
+    return config
+
+
+def server_instance(entry: dict[str, Any]) -> dict[str, Any]:
+    """One registry entry as NeMo Gym's head lists a server instance (``gym env status`` reads it)."""
+    address = urlsplit(str(entry["url"]))
+    return {
+        "process_name": entry["name"],
+        "config_path": entry["name"],
+        "server_type": entry["kind"],
+        "name": entry["implementation"],
+        "host": address.hostname,
+        "port": address.port,
+        "url": entry["url"],
+        "pid": entry.get("pid"),
+        "start_time": entry.get("registered_at"),
+    }
+
+
 def head_app(
     registry: Registry, public_config: dict[str, Any], stack_id: str, secret: str | None = None
 ) -> Starlette:
@@ -147,6 +198,14 @@ def head_app(
     async def config(request: Request) -> Response:
         return json_response(public_config)
 
+    async def global_config_dict_yaml(request: Request) -> Response:
+        """YAML text sent as a JSON string, as NeMo Gym's head does and its client decodes."""
+        config = nemo_config(public_config, registry.entries, str(request.base_url))
+        return json_response(yaml.safe_dump(config, sort_keys=False))
+
+    async def server_instances(request: Request) -> Response:
+        return json_response([server_instance(e) for e in registry.entries.values()])
+
     async def register_entry(body: Any, request: Request) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise HTTPError(400, "registration must be a JSON object", "invalid_request")
@@ -168,6 +227,8 @@ def head_app(
             Route("/", liveness, methods=["GET"]),
             Route("/servers", servers, methods=["GET"]),
             Route("/config", config, methods=["GET"]),
+            Route("/global_config_dict_yaml", global_config_dict_yaml, methods=["GET"]),
+            Route("/server_instances", server_instances, methods=["GET"]),
             Route("/register", register, methods=["POST"]),
         ],
         middleware=[Middleware(InboundGuard, max_body_bytes=MAX_REGISTRATION_BYTES)],

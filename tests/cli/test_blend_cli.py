@@ -177,7 +177,7 @@ def test_validate_reports_every_bad_row(tmp_path: Path) -> None:
     del rows[0]["expected_city"]
     rows[1]["agent_ref"]["name"] = "example_single_tool_cal_simple_agent"
     rows[3]["expected_synonyms"] = "not a list"
-    rows[4]["responses_create_params"]["input"] = []
+    rows[4]["responses_create_params"]["input"] = {"role": "user"}  # [] is valid, as in NeMo Gym
     rows[5]["responses_create_params"]["temperature"] = "hot"
     lines = [orjson.dumps(r) for r in rows] + [b"[1, 2]"]
     data = tmp_path / "bad.jsonl"
@@ -189,7 +189,7 @@ def test_validate_reports_every_bad_row(tmp_path: Path) -> None:
     assert f"{data}:2: agent_ref.name: unknown agent 'example_single_tool_cal_simple_agent'." in err
     assert "Did you mean 'example_single_tool_call_simple_agent'?" in err
     assert f"{data}:4: expected_synonyms: Input should be a valid list (example_multi_step verifier)" in err
-    assert f"{data}:5: responses_create_params.input: must be a string or a non-empty list of items" in err
+    assert f"{data}:5: responses_create_params.input: must be a string or a list of items, got dict" in err
     assert f"{data}:6: responses_create_params.temperature: must be a number from 0 to 2, got 'hot'" in err
     assert f"{data}:7: (row): must be a JSON object, got list" in err
     assert "3" not in [line.split(":")[1] for line in err.splitlines() if line.startswith(str(data))]

@@ -66,7 +66,7 @@ def test_every_bad_row_is_reported_with_file_line_and_field(tmp_path: Path) -> N
             b"{not json",
             {"agent_ref": {"type": "responses_api_agents", "name": "weather_agent"}},
             row("x", agent="wether_agent"),
-            {"responses_create_params": {"input": []}, "agent_ref": {"name": "weather_agent"}},
+            {"responses_create_params": {"input": {"role": "user"}}, "agent_ref": {"name": "weather_agent"}},
             [1, 2],
             row("y", agent=None),
             {"responses_create_params": {"input": "hi", "tools": [{"description": "no name"}]}},
@@ -78,7 +78,9 @@ def test_every_bad_row_is_reported_with_file_line_and_field(tmp_path: Path) -> N
     assert f"{path}:2: (row): invalid JSON" in message
     assert f"{path}:3: responses_create_params: missing" in message
     assert f"{path}:4: agent_ref.name: unknown agent 'wether_agent'. Did you mean 'weather_agent'?" in message
-    assert f"{path}:5: responses_create_params.input: must be a string or a non-empty list" in message
+    assert (
+        f"{path}:5: responses_create_params.input: must be a string or a list of items, got dict" in message
+    )
     assert f"{path}:6: (row): must be a JSON object" in message
     assert f"{path}:7: agent_ref: missing, and no --agent default given" in message
     assert f"{path}:8: responses_create_params.tools[0]: must be an object with a 'name'" in message
@@ -169,3 +171,11 @@ def test_repeats_are_bounded() -> None:
         Materialization(num_repeats=MAX_NUM_REPEATS + 1)
     with pytest.raises(ValueError, match="repeats for weather_agent"):
         Materialization(repeats_by_agent={"weather_agent": 0})
+
+
+def test_an_empty_input_list_is_a_row_as_nemo_gym_reads_it(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, [{"responses_create_params": {"input": []}, "agent_ref": {"name": "weather_agent"}}]
+    )
+    [job] = load_jobs(path, AGENTS)
+    assert job.row["responses_create_params"]["input"] == []

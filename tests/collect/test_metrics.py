@@ -68,3 +68,34 @@ def test_majority_at_k() -> None:
 
 def test_aggregate_empty() -> None:
     assert aggregate([])["agent_metrics"]["num_rollouts"] == 0
+
+
+def test_nemo_gym_keys_sit_alongside_ours() -> None:
+    """Token stats under NeMo Gym's names too, and one repeat row per rollout index."""
+    rollouts = [
+        {
+            "_ng_task_index": t,
+            "_ng_rollout_index": r,
+            "reward": [[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]][t][r],
+            "response": {"usage": {"input_tokens": 10 * (t + 1), "output_tokens": 2, "total_tokens": 12}},
+        }
+        for t in range(3)
+        for r in range(2)
+        if (t, r) != (1, 1)  # one rollout of repeat 1 missing
+    ]
+    metrics = aggregate(rollouts)
+    agent = metrics["agent_metrics"]
+    assert agent["mean/input_tokens"] == agent["mean/usage/input_tokens"] == pytest.approx(20.0)
+    assert agent["num_repeats"] == 2
+    first, second = metrics["repeat_level_metrics"]
+    assert (first["_ng_rollout_index"], first["sample_count"], first["missing_count"]) == (0, 3, 0)
+    assert (second["_ng_rollout_index"], second["sample_count"], second["missing_count"]) == (1, 2, 1)
+    assert first["mean/reward"] == pytest.approx(2 / 3)
+    assert first["std/reward"] == pytest.approx(math.sqrt(1 / 3))  # sample std, as NeMo Gym's
+    assert first["sem/reward"] == pytest.approx(math.sqrt(1 / 3) / math.sqrt(3))
+    assert (first["p25/input_tokens"], first["p75/input_tokens"]) == (15.0, 25.0)
+    assert second["mean/reward"] == 0.5
+
+
+def test_one_repeat_has_no_repeat_rows() -> None:
+    assert aggregate([rollout(0, 1.0), rollout(1, 0.0)])["repeat_level_metrics"] == []

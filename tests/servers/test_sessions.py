@@ -37,3 +37,12 @@ async def test_sweeper_expires_in_background() -> None:
         assert len(store) == 0
     finally:
         await store.stop_sweeper()
+
+
+def test_end_is_idempotent_for_remembered_releases_only() -> None:
+    store = SessionStore()
+    session = store.create()
+    assert store.release(session.id) is True
+    assert store.end(session.id) is True
+    assert store.end("never-existed") is False
+    assert store.stats()["released"] == 1

@@ -1,0 +1,67 @@
+"""End to end: what a polygym agent POSTs to ``/verify`` is a complete OpenAI Response.
+
+NeMo Gym's verifiers validate the verify body's ``response`` as an OpenAI ``Response`` (its
+``NeMoGymResponse`` subclass, which also admits ``function_call_output`` items); anything less is
+a 422 from every one of them. The resources server echoes the request it verified, so the
+``/run`` result shows exactly what the agent sent over the socket.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from omegaconf import OmegaConf
+from openai.types.responses import Response
+from openai.types.responses.response_function_tool_call_output_item import (
+    ResponseFunctionToolCallOutputItem,
+)
+
+from polygym.net.client import ServerClient
+from polygym.stack.catalog import selector_paths
+from polygym.stack.config import load_config
+from polygym.stack.launcher import Stack
+from tests.e2e.test_stack_e2e import example_rows
+
+ENVS = ("example_single_tool_call", "example_multi_step")
+
+
+def assert_openai_response(response: dict[str, Any]) -> None:
+    """Validate as OpenAI does; tool outputs (outside OpenAI's output union) item by item."""
+    outputs = [i for i in response["output"] if i.get("type") == "function_call_output"]
+    for item in outputs:
+        ResponseFunctionToolCallOutputItem.model_validate(item)
+    rest = [i for i in response["output"] if i.get("type") != "function_call_output"]
+    parsed = Response.model_validate({**response, "output": rest})
+    assert parsed.usage is not None
+    assert parsed.usage.input_tokens_details.cached_tokens == 0
+    assert parsed.usage.output_tokens_details.reasoning_tokens == 0
+
+
+async def test_agent_sends_complete_openai_response_to_verify() -> None:
+    config = load_config(selector_paths(list(ENVS), ["scripted_model"], []), env_files=[])
+    stack = Stack(config, backend="inline", head_port=0, record=False)
+    await stack.start()
+    client = ServerClient(stack.head_url)
+    try:
+        reply = await client.request_url("GET", f"{stack.head_url}/global_config_dict_yaml")
+        nemo_config = OmegaConf.create(orjson.loads(reply.body))
+        for name in (*ENVS, "policy_model"):
+            server = next(iter(next(iter(nemo_config[name].values())).values()))
+            health = await client.request_url("GET", f"http://{server.host}:{server.port}/")
+            assert health.status == 200, name
+        for env in ENVS:
+            row = example_rows(env)[0]
+            result = (await client.call(f"{env}_simple_agent", "/run", row)).json()
+            assert result["reward"] == 1.0, result
+            response = result["response"]
+            assert_openai_response(response)
+            assert response["tools"] == row["responses_create_params"].get("tools", [])
+            assert {i["type"] for i in response["output"]} >= {"function_call", "message"}
+            body = {"verify_responses": [{**result, "_ng_task_index": 0, "_ng_rollout_index": 0}]}
+            metrics = (await client.call(f"{env}_simple_agent", "/aggregate_metrics", body)).json()
+            assert metrics["agent_metrics"]["num_rollouts"] == 1
+            assert metrics["agent_metrics"]["mean/reward"] == 1.0
+    finally:
+        await client.close()
+        await stack.stop()

@@ -1,0 +1,141 @@
+"""NeMo Gym's side of the wire: its collectors' request bodies and the answer shapes it reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from omegaconf import OmegaConf
+
+from polygym.net.asgi_transport import asgi_request
+from polygym.net.client import ServerClient
+from polygym.net.listen import AppServer, bind_socket
+from polygym.net.retry import NO_RETRY
+from polygym.protocol import VerifyRequest, complete_response
+from polygym.servers.resources import ResourcesServer
+from polygym.stack.head import Registry, head_app
+
+JSON = [(b"content-type", b"application/json")]
+
+
+def verified(task: int, rollout: int, reward: float) -> dict[str, Any]:
+    usage = {"input_tokens": 10, "output_tokens": 2 + rollout, "total_tokens": 12 + rollout}
+    return {
+        "_ng_task_index": task,
+        "_ng_rollout_index": rollout,
+        "reward": reward,
+        "response": {"output": [], "usage": usage},
+    }
+
+
+ROLLOUTS = [verified(t, r, float(t == r)) for t in range(2) for r in range(2)]
+
+
+async def post(app: Any, path: str, body: Any) -> tuple[int, Any]:
+    status, _, raw = await asgi_request(app, "POST", path, orjson.dumps(body), JSON)
+    return status, orjson.loads(raw)
+
+
+async def test_aggregate_metrics_reads_nemo_gyms_verify_responses_key() -> None:
+    server = ResourcesServer("env", {})
+    status, nemo = await post(server.app, "/aggregate_metrics", {"verify_responses": ROLLOUTS})
+    assert status == 200
+    _, ours = await post(server.app, "/aggregate_metrics", {"rollouts": ROLLOUTS})
+    assert nemo == ours
+    assert nemo["agent_metrics"]["num_rollouts"] == 4
+    assert nemo["agent_metrics"]["mean/reward"] == 0.5
+    assert {"agent_metrics", "key_metrics", "group_level_metrics", "repeat_level_metrics"} <= set(nemo)
+
+
+async def test_aggregate_metrics_refuses_both_keys_naming_them() -> None:
+    server = ResourcesServer("env", {})
+    status, body = await post(server.app, "/aggregate_metrics", {"rollouts": [], "verify_responses": []})
+    assert status == 422
+    assert "verify_responses" in orjson.dumps(body).decode()
+
+
+async def test_an_environments_own_metrics_survive_the_nemo_shape() -> None:
+    class Custom(ResourcesServer):
+        def aggregate_metrics(self, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+            return {"agent_metrics": {"mean/custom": 7.0}}
+
+    status, body = await post(Custom("env", {}).app, "/aggregate_metrics", {"verify_responses": ROLLOUTS})
+    assert status == 200
+    assert body["agent_metrics"] == {"mean/custom": 7.0}
+    assert body["key_metrics"] == {} and body["group_level_metrics"] == []
+
+
+def test_complete_response_keeps_given_fields_and_fills_the_rest() -> None:
+    lean = {"output": [{"type": "message", "content": [{"type": "output_text", "text": "hi"}]}]}
+    done = complete_response(lean, {"tools": [{"type": "function", "name": "f"}], "tool_choice": "none"})
+    assert done["tools"] == [{"type": "function", "name": "f"}] and done["tool_choice"] == "none"
+    assert done["parallel_tool_calls"] is True and done["object"] == "response"
+    message = done["output"][0]
+    assert message["id"].startswith("msg_") and message["status"] == "completed"
+    assert message["content"][0]["annotations"] == []
+    assert done["usage"]["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}
+    given = {"id": "resp_1", "usage": {"input_tokens": 3, "input_tokens_details": {"cached_tokens": 2}}}
+    kept = complete_response(given)
+    assert kept["id"] == "resp_1"
+    assert kept["usage"]["input_tokens"] == 3 and kept["usage"]["total_tokens"] == 0
+    assert kept["usage"]["input_tokens_details"]["cached_tokens"] == 2
+
+
+class Scored(ResourcesServer):
+    async def verify(self, body: VerifyRequest) -> dict[str, Any]:
+        return {**body.model_dump(), "reward": 1.0}
+
+
+async def test_verify_ends_the_session_and_a_later_end_session_still_succeeds() -> None:
+    server = Scored("env", {})
+    status, headers, _ = await asgi_request(server.app, "POST", "/seed_session", b"{}", JSON)
+    assert status == 200
+    cookie = next(v for k, v in headers if k == b"set-cookie").split(b";")[0]
+    with_cookie = [*JSON, (b"cookie", cookie)]
+    row = {"responses_create_params": {"input": []}, "response": {"output": []}}
+    status, _, _ = await asgi_request(server.app, "POST", "/verify", orjson.dumps(row), with_cookie)
+    assert status == 200
+    assert server.sessions.stats() == {"active": 0, "released": 1, "expired": 0}  # no /end_session
+    status, _, body = await asgi_request(server.app, "POST", "/end_session", b"{}", with_cookie)
+    assert status == 200 and orjson.loads(body) == {"released": True}
+    assert server.sessions.stats()["released"] == 1
+    status, _, body = await asgi_request(
+        server.app, "POST", "/end_session", b"{}", [*JSON, (b"cookie", b"polygym_session=nope")]
+    )
+    assert status == 200 and orjson.loads(body) == {"released": False}
+
+
+async def test_a_nemo_gym_client_resolves_stack_names_from_the_head_without_the_secret() -> None:
+    registry = Registry()
+    registry.register(
+        {
+            "name": "policy_model",
+            "kind": "responses_api_models",
+            "implementation": "vllm_model",
+            "url": "http://127.0.0.1:4321",
+            "pid": 9,
+        }
+    )
+    public = {
+        "policy_model": {"responses_api_models": {"vllm_model": {"api_key": "sk-live-0123456789abcdef"}}}
+    }
+    server = AppServer(head_app(registry, public, "stack-n", "the-secret"), bind_socket())
+    await server.start()
+    client = ServerClient(pool_size=2)
+    try:
+        reply = await client.request_url("GET", f"{server.url}/global_config_dict_yaml", retry=NO_RETRY)
+        assert reply.status == 200
+        # What NeMo Gym's ServerClient does: JSON-decode the body, parse the text as YAML with OmegaConf,
+        # then take the first implementation of the first kind under the server's name.
+        config = OmegaConf.create(orjson.loads(reply.body))
+        model = next(iter(next(iter(config["policy_model"].values())).values()))
+        assert (model.host, model.port) == ("127.0.0.1", 4321)
+        assert model.api_key == "****" and b"sk-live" not in reply.body
+        assert config["head_server"]["port"] == int(server.url.rsplit(":", 1)[1])
+        instances = (await client.request_url("GET", f"{server.url}/server_instances", retry=NO_RETRY)).json()
+        assert [(i["process_name"], i["server_type"], i["name"], i["port"], i["pid"]) for i in instances] == [
+            ("policy_model", "responses_api_models", "vllm_model", 4321, 9)
+        ]
+    finally:
+        await client.close()
+        await server.stop()
