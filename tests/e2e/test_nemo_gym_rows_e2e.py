@@ -136,6 +136,24 @@ def scripted(env: str, index: int, row: dict[str, Any], kind: str, turns: Turns)
     }
 
 
+def tool_results(result: dict[str, Any]) -> list[Any]:
+    """The parsed tool outputs of a finished rollout, in order."""
+    output = result["response"]["output"]
+    return [json.loads(item["output"]) for item in output if item.get("type") == "function_call_output"]
+
+
+def expected_tool_results(env: str, row: dict[str, Any]) -> list[Any]:
+    """What NeMo Gym's tools answer to the right play (its rows' values were made by those tools)."""
+    if env == "example_single_tool_call":
+        return [{"city": "San Francisco", "weather_description": "The weather in San Francisco is cold."}]
+    if env == "example_multi_step":
+        return [{"synonym_value": v} for v in row["expected_synonym_values"]] + [{"success": True}]
+    if env == "example_session_state_mgmt":
+        adds = len(re.findall(r"add -?\d+", row["responses_create_params"]["input"][-1]["content"]))
+        return [{"success": True}] * adds + [{"count": row["expected_count"]}]
+    return []
+
+
 @pytest.fixture(scope="module")
 def wheel() -> Path:
     return nemo_gym_wheel()
@@ -197,6 +215,9 @@ def test_every_row_gets_nemo_gyms_reward(wheel: Path, tmp_path: Path) -> None:
         if rewards.get(case) != expected[case]
     }
     assert rewards == expected, mismatches
+    for env in SHARED:
+        for index, row in enumerate(nemo_gym_rows(wheel, env)):
+            assert tool_results(results[f"{env}/{index}/right"]) == expected_tool_results(env, row)
     # A 0 must be the verifier's verdict, not a scorer that gave up.
     assert {
         row.get("score_status") for case, row in results.items() if case.startswith("reasoning_gym/")
