@@ -1,13 +1,12 @@
 """Several dependent tool calls in one rollout: look up each word, then submit all values in order.
 
 It checks that a policy can plan a sequence of calls, carry results from earlier tool outputs into
-a later call, and keep the requested order. Values come from a stable hash of the word, so a row's
-answer is fixed at generation time and nothing has to be stored per task.
+a later call, and keep the requested order. Tools, row fields and reward match NeMo Gym's
+same-named server (0.4-0.7): a word's value is the sum of its characters' code points, exactly as
+written, so NeMo Gym's rows (``Blazing`` -> 711) are solvable here and nothing is stored per task.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 from pydantic import BaseModel, Field, StrictInt
 
@@ -15,9 +14,8 @@ from polygym import ResourcesServer, Session, VerifyRequest, VerifyResponse, too
 
 
 def synonym_value(word: str) -> int:
-    """Deterministic value in [0, 10000): sha256, not the per-process salted ``hash()``."""
-    digest = hashlib.sha256(word.strip().casefold().encode()).digest()
-    return int.from_bytes(digest[:4], "big") % 10_000
+    """The sum of the word's Unicode code points, case and spaces included: NeMo Gym's value."""
+    return sum(map(ord, word))
 
 
 class GetSynonymValueRequest(BaseModel):
@@ -41,6 +39,9 @@ class ExtractSynonymValuesResponse(BaseModel):
 class SynonymVerifyRequest(VerifyRequest):
     expected_synonyms: list[str]
     expected_synonym_values: list[int]
+    # NeMo Gym's rows also name a decoy: the term itself, whose value must not be submitted.
+    minefield_label: str | None = None
+    minefield_label_value: int | None = None
 
 
 class SynonymVerifyResponse(SynonymVerifyRequest, VerifyResponse):
@@ -49,6 +50,8 @@ class SynonymVerifyResponse(SynonymVerifyRequest, VerifyResponse):
     set_overlap: float
     num_lookups: int
     recorded_synonym_values: list[int] | None
+    original_term_minefield_hit: bool
+    order_instruction_following_failure: bool
 
 
 def _submitted(arguments: dict | None) -> list[int] | None:
@@ -83,8 +86,10 @@ class ExampleMultiStep(ResourcesServer):
         submits = [c for c in calls if c.name == "extract_synonym_values"]
         extracted = _submitted(submits[-1].arguments) if submits else None
         expected = body.expected_synonym_values
-        overlap = len(set(expected) & set(extracted or ())) / len(set(expected)) if expected else 0.0
+        # Divided by the list's length, repeats included, as NeMo Gym reports it.
+        overlap = len(set(expected) & set(extracted or ())) / len(expected) if expected else 0.0
         ordered = extracted == expected
+        mines = {body.minefield_label, body.minefield_label_value} - {None}
         recorded = session.state.get("submissions") or [None]
         return SynonymVerifyResponse(
             **body.model_dump(),
@@ -94,4 +99,6 @@ class ExampleMultiStep(ResourcesServer):
             set_overlap=overlap,
             num_lookups=sum(c.name == "get_synonym_value" for c in calls),
             recorded_synonym_values=recorded[-1],
+            original_term_minefield_hit=bool(mines & set(extracted or ())),
+            order_instruction_following_failure=not ordered and overlap == 1.0,
         )

@@ -10,6 +10,12 @@ A verify without a seeded session (a cookie-less call: offline re-verification o
 or a conformance check) replays the rollout's own ``increment`` calls from the row's
 ``initial_value``, accepting exactly the calls the tool would have accepted, so the same rollout
 gets the same reward either way.
+
+NeMo Gym's same-named server (0.4-0.7) has other names for the same counter, and its rows work
+here unchanged: ``seed_session`` also reads ``initial_count``, the tools ``increment_counter``
+(``count``, answers ``{"success": true}``) and ``get_counter_value`` (answers ``{"count": n}``)
+act on the same counter, and a row with ``expected_count`` is rewarded as there: 1 iff the counter
+ended at that value, whatever the answer says.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from polygym import (
     HTTPError,
@@ -52,13 +58,43 @@ class CounterValue(BaseModel):
     value: int
 
 
+class IncrementCounterRequest(BaseModel):
+    """NeMo Gym's increment: its ``count`` is a lax int there too ("5" and 5.0 are accepted)."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(ge=-MAX_AMOUNT, le=MAX_AMOUNT, description="How much to add to the counter.")
+
+
+class IncrementCounterResponse(BaseModel):
+    success: bool
+
+
+class CounterCount(BaseModel):
+    count: int
+
+
 class GetValueRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class CounterVerifyRequest(VerifyRequest):
-    initial_value: StrictInt = Field(ge=-MAX_INITIAL, le=MAX_INITIAL)
-    expected_final_value: StrictInt
+    initial_value: StrictInt = Field(0, ge=-MAX_INITIAL, le=MAX_INITIAL)
+    expected_final_value: StrictInt | None = None
+    # NeMo Gym's names: a row with expected_count is scored on the counter alone, as there.
+    initial_count: StrictInt | None = Field(None, ge=-MAX_INITIAL, le=MAX_INITIAL)
+    expected_count: StrictInt | None = None
+
+    @model_validator(mode="after")
+    def _one_expectation(self) -> CounterVerifyRequest:
+        if (self.expected_final_value is None) == (self.expected_count is None):
+            raise ValueError(
+                "give exactly one of expected_final_value (polygym) or expected_count (NeMo Gym)"
+            )
+        return self
+
+    @property
+    def start(self) -> int:
+        return self.initial_value if self.initial_count is None else self.initial_count
 
 
 class CounterVerifyResponse(CounterVerifyRequest, VerifyResponse):
@@ -86,27 +122,32 @@ def replay_increments(output: list[dict[str, Any]], initial_value: int) -> tuple
     """(final value, accepted calls) from the rollout's increment calls, as the tool would apply them."""
     value, accepted = initial_value, 0
     for call in (item for item in output if item.get("type") == "function_call"):
-        if call.get("name") != "increment":
-            continue
         arguments = call.get("arguments")
+        text = arguments if isinstance(arguments, str) else ""
         try:
-            request = IncrementRequest.model_validate_json(arguments if isinstance(arguments, str) else "")
+            if call.get("name") == "increment":
+                value += IncrementRequest.model_validate_json(text).amount
+            elif call.get("name") == "increment_counter":
+                value += IncrementCounterRequest.model_validate_json(text).count
+            else:
+                continue
         except ValidationError:
             continue
-        value += request.amount
         accepted += 1
     return value, accepted
 
 
 class ExampleSessionStateMgmt(ResourcesServer):
     async def seed_session(self, body: SeedSessionRequest, session: Session) -> dict[str, Any]:
-        """Start the counter at the row's ``initial_value`` (0 when the row has none)."""
-        initial = (body.model_extra or {}).get("initial_value", 0)
+        """Start the counter at the row's ``initial_value`` or ``initial_count`` (0 when it has none)."""
+        extra = body.model_extra or {}
+        initial = extra.get("initial_count", extra.get("initial_value", 0))
         if type(initial) is not int or not -MAX_INITIAL <= initial <= MAX_INITIAL:
             self.sessions.release(session.id)  # the base class created it; do not leak it
             raise HTTPError(
                 422,
-                f"initial_value: must be an integer in [{-MAX_INITIAL}, {MAX_INITIAL}], got {initial!r}",
+                f"initial_value/initial_count: must be an integer in [{-MAX_INITIAL}, {MAX_INITIAL}], "
+                f"got {initial!r}",
                 "validation_error",
             )
         session.state.update(value=initial, seeded=True, increments=0)
@@ -124,20 +165,35 @@ class ExampleSessionStateMgmt(ResourcesServer):
         """Read the counter's current value."""
         return CounterValue(value=session.state.get("value", 0))
 
+    @tool
+    async def increment_counter(
+        self, body: IncrementCounterRequest, session: Session
+    ) -> IncrementCounterResponse:
+        """Add ``count`` to the counter (NeMo Gym's name for ``increment``)."""
+        await self.increment(IncrementRequest(amount=body.count), session)
+        return IncrementCounterResponse(success=True)
+
+    @tool
+    async def get_counter_value(self, body: GetValueRequest, session: Session) -> CounterCount:
+        """Read the counter (NeMo Gym's name for ``get_value``)."""
+        return CounterCount(count=session.state.get("value", 0))
+
     async def verify(self, body: CounterVerifyRequest, session: Session) -> CounterVerifyResponse:
         """Reward 1 iff the counter ended at ``expected_final_value`` and the answer reports that value.
 
         The counter is the seeded session's, or the replayed increments when no session was seeded.
+        A NeMo Gym row (``expected_count``) needs only the counter at that value.
         """
         output = body.response.output
         if session.state.get("seeded"):
             final, source, count = session.state["value"], "session", session.state.get("increments", 0)
         else:
-            final, count = replay_increments(output, body.initial_value)
+            final, count = replay_increments(output, body.start)
             source = "replay"
         reported = reported_value(body.response.output_text())
-        counter_ok = final == body.expected_final_value
-        answer_ok = reported == body.expected_final_value
+        expected = body.expected_count if body.expected_final_value is None else body.expected_final_value
+        counter_ok = final == expected
+        answer_ok = reported == expected or body.expected_final_value is None
         return CounterVerifyResponse(
             **body.model_dump(),
             reward=1.0 if counter_ok and answer_ok else 0.0,
@@ -151,7 +207,22 @@ class ExampleSessionStateMgmt(ResourcesServer):
 
     @classmethod
     def example_solution(cls, row: dict[str, Any]) -> list[dict[str, Any]]:
-        """A correct rollout's output items: every increment in order, get_value, then the answer."""
+        """A correct rollout's output items: every increment in order, get_value, then the answer.
+
+        A NeMo Gym row (``expected_count``) is played with NeMo Gym's tools: one increment_counter
+        covering the difference, then get_counter_value.
+        """
+        if "expected_count" in row:
+            start, target = int(row.get("initial_count", 0)), int(row["expected_count"])
+            call = function_call_item("increment_counter", {"count": target - start})
+            read = function_call_item("get_counter_value", {})
+            return [
+                call,
+                function_call_output_item(call["call_id"], '{"success": true}'),
+                read,
+                function_call_output_item(read["call_id"], f'{{"count": {target}}}'),
+                message_item(f"The count is {target}."),
+            ]
         value = int(row.get("initial_value", 0))
         # Rows from elsewhere may lack the amounts: one increment then covers the difference.
         amounts = row.get("increments") or [int(row["expected_final_value"]) - value]

@@ -9,6 +9,13 @@ row), because models and prompts differ and an RL signal should say what it meas
   ``The answer is: C``) with an upper-case option letter.
 - ``lenient``: ``boxed``, else ``answer_colon``, else the last standalone upper-case option
   letter anywhere in the text (``I'd go with B.``).
+- ``boxed_or_option_text``: ``boxed``, else the one option whose text (case and spacing aside)
+  the last ``\\boxed{...}`` contains (``\\boxed{Southern blotting}``).
+
+Rows in NeMo Gym's shape (its same-named server, 0.4-0.7) are accepted: their ``grading_mode``
+picks the extraction (``strict_single_letter_boxed``: ``boxed``; ``lenient_boxed``:
+``boxed_or_option_text``; ``lenient_answer_colon`` and ``lenient_answer_colon_md``:
+``answer_colon``), and ``uuid`` and ``metadata`` are echoed back unread.
 
 Only letters that label one of the row's options count, and a completed ``<think>...</think>``
 block is ignored. Extraction is plain regular expressions over a bounded tail of the text, so it
@@ -18,6 +25,7 @@ is fast enough to stay on the event loop.
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import Field, StrictStr, field_validator, model_validator
@@ -31,7 +39,17 @@ from polygym import (
     metrics,
 )
 
-Extraction = Literal["boxed", "answer_colon", "lenient"]
+Extraction = Literal["boxed", "answer_colon", "lenient", "boxed_or_option_text"]
+GradingMode = Literal[
+    "strict_single_letter_boxed", "lenient_boxed", "lenient_answer_colon", "lenient_answer_colon_md"
+]
+GRADING_MODE_EXTRACTION: dict[str, Extraction] = {
+    "strict_single_letter_boxed": "boxed",
+    "lenient_boxed": "boxed_or_option_text",
+    "lenient_answer_colon": "answer_colon",
+    "lenient_answer_colon_md": "answer_colon",
+}
+"""NeMo Gym's per-row ``grading_mode`` and the extraction here that reads the same answers."""
 LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
@@ -92,6 +110,7 @@ class McqaVerifyRequest(VerifyRequest):
     options: Any = Field(description="The options; see normalize_options for the accepted shapes.")
     expected_answer: StrictStr
     extraction: Extraction | None = None
+    grading_mode: GradingMode | None = None  # NeMo Gym's name; ``extraction`` wins when both are set
 
     @field_validator("options")
     @classmethod
@@ -112,7 +131,7 @@ class McqaVerifyRequest(VerifyRequest):
 class McqaVerifyResponse(McqaVerifyRequest, VerifyResponse):
     extracted_answer: str | None
     extraction_used: Extraction
-    extraction_rule: Literal["boxed", "answer_colon", "standalone_letter"] | None
+    extraction_rule: Literal["boxed", "answer_colon", "standalone_letter", "option_text"] | None
 
 
 def boxed_letter(text: str, labels: str) -> str | None:
@@ -141,7 +160,25 @@ def standalone_letter(text: str, labels: str) -> str | None:
     return letters[-1] if letters else None
 
 
-def extract_letter(text: str, labels: str, mode: Extraction) -> tuple[str | None, str | None]:
+def option_text_letter(text: str, labels: str, options: dict[str, str]) -> str | None:
+    """The one option whose text the last ``\\boxed{}`` contains (case and spacing aside), else None."""
+    boxes = BOXED.findall(text)
+    if not boxes:
+        return None
+    boxed = {" ".join(box.split()).casefold() for box in (boxes[-1], TEXT_WRAPPER.sub(r"\1", boxes[-1]))}
+    found = {
+        label
+        for label, option in options.items()
+        if label in labels
+        and (key := " ".join(option.split()).casefold())
+        and any(key in box for box in boxed)
+    }
+    return found.pop() if len(found) == 1 else None
+
+
+def extract_letter(
+    text: str, labels: str, mode: Extraction, options: dict[str, str] | None = None
+) -> tuple[str | None, str | None]:
     """``(letter, rule that found it)`` for ``mode``; ``(None, None)`` when nothing qualifies."""
     text = text.rsplit("</think>", 1)[-1]
     rules = {
@@ -151,6 +188,10 @@ def extract_letter(text: str, labels: str, mode: Extraction) -> tuple[str | None
             ("boxed", boxed_letter),
             ("answer_colon", answer_colon_letter),
             ("standalone_letter", standalone_letter),
+        ],
+        "boxed_or_option_text": [
+            ("boxed", boxed_letter),
+            ("option_text", partial(option_text_letter, options=options or {})),
         ],
     }[mode]
     for rule, extract in rules:
@@ -163,10 +204,12 @@ def extract_letter(text: str, labels: str, mode: Extraction) -> tuple[str | None
 class Mcqa(ResourcesServer[McqaConfig]):
     async def verify(self, body: McqaVerifyRequest) -> McqaVerifyResponse:
         """Reward 1 iff the extracted option letter is ``expected_answer``, else 0."""
-        labels = "".join(normalize_options(body.options))
-        mode = body.extraction or self.config.extraction
+        options = normalize_options(body.options)
+        labels = "".join(options)
+        graded = GRADING_MODE_EXTRACTION[body.grading_mode] if body.grading_mode else None
+        mode = body.extraction or graded or self.config.extraction
         text = body.response.output_text()[-self.config.max_answer_chars :]
-        letter, rule = extract_letter(text, labels, mode)
+        letter, rule = extract_letter(text, labels, mode, options)
         return McqaVerifyResponse(
             **body.model_dump(),
             reward=1.0 if letter == body.expected_answer.strip().upper() else 0.0,

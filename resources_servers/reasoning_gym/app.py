@@ -6,6 +6,11 @@ extracts the final answer from the last assistant message (``<answer>...</answer
 see ``extract_answer``) and passes it to the task's ``score_answer`` — the package's own, which
 gives partial credit on some tasks — in a worker process with a hard time limit, so a scorer
 stuck on a hostile answer never blocks the event loop.
+
+Rows in NeMo Gym's shape (its same-named server, 0.4-0.7: ``question``, ``answer`` and
+``metadata`` at the top level, the task in ``metadata.source_dataset``) are accepted and scored as
+NeMo Gym scores them: the task's default config, and the answer read from all assistant text by
+``nemo_gym_answer`` (the last answer tag, else the first ``\\boxed{}``, else the whole text).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from statistics import fmean
 from typing import Any, Literal
 
 from pebble import ProcessExpired
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from polygym import (
     CpuTimeout,
@@ -26,6 +31,7 @@ from polygym import (
     ResourcesServerConfig,
     VerifyRequest,
     VerifyResponse,
+    item_text,
     message_item,
     metrics,
 )
@@ -33,6 +39,8 @@ from polygym.servers.extras import require_extra
 from resources_servers.reasoning_gym.scoring import score
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+NEMO_ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
+NEMO_BOXED = re.compile(r"\\boxed\{([^}]+)\}")
 AnswerFormat = Literal["tag", "last_line", "tag_or_last_line"]
 
 
@@ -50,6 +58,20 @@ def extract_answer(text: str, answer_format: AnswerFormat = "tag") -> str | None
             return None
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else None
+
+
+def nemo_gym_answer(output: list[dict[str, Any]]) -> str:
+    """The answer as NeMo Gym's reasoning_gym server reads it from a rollout's assistant messages.
+
+    Their texts are joined; then the last case-sensitive answer tag, else the first ``\\boxed{}``
+    without nested braces, else the whole text ('' when there is none), stripped.
+    """
+    text = "".join(item_text(item) for item in output if item.get("type") == "message")
+    tagged = NEMO_ANSWER_TAG.findall(text)
+    if tagged:
+        return str(tagged[-1]).strip()
+    boxed = NEMO_BOXED.search(text)
+    return boxed.group(1).strip() if boxed else text.strip()
 
 
 class Entry(BaseModel):
@@ -72,6 +94,22 @@ class ReasoningGymVerifyRequest(VerifyRequest):
     task_config: dict[str, Any] = Field(default_factory=dict)
     entry: Entry
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_nemo_gym_row(cls, data: Any) -> Any:
+        """A NeMo Gym row (no ``entry``, a top-level ``question``) gets ``task`` and ``entry`` from it."""
+        if not isinstance(data, dict) or "entry" in data or "question" not in data:
+            return data
+        metadata = data.get("metadata")
+        task = metadata.get("source_dataset") if isinstance(metadata, dict) else None
+        if not isinstance(task, str):
+            raise ValueError("metadata.source_dataset: a NeMo Gym row must name its reasoning-gym task here")
+        entry = {"question": data["question"], "answer": data.get("answer"), "metadata": metadata}
+        return {**data, "task": data.get("task", task), "entry": entry, "nemo_gym_row": True}
+
+    nemo_gym_row: bool = False
+    """True when the row came in NeMo Gym's shape, so it is scored the way NeMo Gym scores it."""
+
 
 class ReasoningGymVerifyResponse(ReasoningGymVerifyRequest, VerifyResponse):
     extracted_answer: str | None
@@ -87,14 +125,17 @@ class ReasoningGym(ResourcesServer[ReasoningGymConfig]):
     @classmethod
     def example_solution(cls, row: dict[str, Any]) -> list[dict[str, Any]]:
         """A correct rollout: the entry's reference answer in answer tags."""
-        answer = (row.get("entry") or {}).get("answer")
+        answer = (row.get("entry") or row).get("answer")
         if not isinstance(answer, str):
             raise ValueError("this row's entry has no reference answer")
         return [message_item(f"Let me work it out.\n<answer>{answer}</answer>")]
 
     async def verify(self, body: ReasoningGymVerifyRequest) -> ReasoningGymVerifyResponse:
         """Reward = the task's own score of the extracted answer (0 without an answer)."""
-        answer = extract_answer(body.response.output_text(), self.config.answer_format)
+        if body.nemo_gym_row:
+            answer: str | None = nemo_gym_answer(body.response.output)
+        else:
+            answer = extract_answer(body.response.output_text(), self.config.answer_format)
         if answer is None:
             return self._result(body, answer, 0.0, "no_answer", None)
         if len(answer) > self.config.max_answer_chars:

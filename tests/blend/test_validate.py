@@ -15,16 +15,16 @@ from tests.blend.helpers import ENVS, example, write
 
 
 def test_rows_missing_verifier_fields_stop_the_load(tmp_path: Path) -> None:
-    rows = [orjson.loads(line) for line in example(ENVS[0]).read_bytes().splitlines()]
-    del rows[2]["expected_city"]
+    rows = [orjson.loads(line) for line in example(ENVS[1]).read_bytes().splitlines()]
+    del rows[2]["expected_synonym_values"]
     data = write(tmp_path / "w.jsonl", "".join(orjson.dumps(r).decode() + "\n" for r in rows))
     spec = parse_spec(
-        {"environments": [{"name": ENVS[0], "train": str(data)}], "prompts_per_step": 2}, "inline", tmp_path
+        {"environments": [{"name": ENVS[1], "train": str(data)}], "prompts_per_step": 2}, "inline", tmp_path
     )
     with pytest.raises(DatasetError) as info:
         load_blend(spec)
     assert info.value.problems == [
-        f"{data}:3: expected_city: missing (required by the example_single_tool_call verifier)"
+        f"{data}:3: expected_synonym_values: missing (required by the example_multi_step verifier)"
     ]
 
 

@@ -174,7 +174,7 @@ def test_validate_good_files_prints_counts(tmp_path: Path) -> None:
 
 def test_validate_reports_every_bad_row(tmp_path: Path) -> None:
     rows = rows_of(example(ENVS[0]))[:3] + rows_of(example(ENVS[1]))[:3]
-    del rows[0]["expected_city"]
+    rows[0]["expected_city"] = 42
     rows[1]["agent_ref"]["name"] = "example_single_tool_cal_simple_agent"
     rows[3]["expected_synonyms"] = "not a list"
     rows[4]["responses_create_params"]["input"] = {"role": "user"}  # [] is valid, as in NeMo Gym
@@ -185,7 +185,9 @@ def test_validate_reports_every_bad_row(tmp_path: Path) -> None:
     result = run("data", "validate", str(data))
     assert result.exit_code == 1
     err = result.stderr
-    assert f"{data}:1: expected_city: missing (required by the example_single_tool_call verifier)" in err
+    assert (
+        f"{data}:1: expected_city: Input should be a valid string (example_single_tool_call verifier)" in err
+    )
     assert f"{data}:2: agent_ref.name: unknown agent 'example_single_tool_cal_simple_agent'." in err
     assert "Did you mean 'example_single_tool_call_simple_agent'?" in err
     assert f"{data}:4: expected_synonyms: Input should be a valid list (example_multi_step verifier)" in err
@@ -206,10 +208,13 @@ def test_validate_with_one_env_routes_rows_without_agent_ref(tmp_path: Path) -> 
     unrouted = run("data", "validate", str(data))
     assert unrouted.exit_code == 1
     assert f"{data}:1: agent_ref: missing; add it, or pass --env NAME" in unrouted.stderr
-    wrong_env = run("data", "validate", str(data), "--env", ENVS[0])
+    weather = tmp_path / "weather.jsonl"
+    bare_weather = [{k: v for k, v in r.items() if k != "agent_ref"} for r in rows_of(example(ENVS[0]))]
+    weather.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in bare_weather))
+    wrong_env = run("data", "validate", str(weather), "--env", ENVS[1])
     assert wrong_env.exit_code == 1
     assert (
-        f"{data}:1: expected_city: missing (required by the example_single_tool_call verifier)"
+        f"{weather}:1: expected_synonyms: missing (required by the example_multi_step verifier)"
         in wrong_env.stderr
     )
     typo = run("data", "validate", str(data), "--env", "example_multi")

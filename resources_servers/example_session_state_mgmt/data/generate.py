@@ -53,7 +53,8 @@ def _amount(rng: random.Random) -> int:
 def build_splits(seed: int = SEED) -> dict[str, list[dict]]:
     """Every split from one seeded stream; no two rows share their list of amounts."""
     rng = random.Random(seed)
-    tools = ExampleSessionStateMgmt.tool_schemas()
+    # Only polygym's two tools: NeMo Gym's increment_counter/get_counter_value are for its rows.
+    tools = [t for t in ExampleSessionStateMgmt.tool_schemas() if t["name"] in ("increment", "get_value")]
     seen: set[tuple[int, ...]] = set()
     splits: dict[str, list[dict]] = {}
     for split, size in SPLITS.items():

@@ -245,8 +245,9 @@ async def test_verify_is_deterministic(env):
 
 async def test_tools_listing_matches_dataset_schemas(env):
     listed = (await env.call("env", "/tools", method="GET")).json()
-    assert [t["name"] for t in listed] == ["increment", "get_value"]
-    assert all(row["responses_create_params"]["tools"] == listed for rows in LOADED.values() for row in rows)
+    assert [t["name"] for t in listed] == ["increment", "get_value", "increment_counter", "get_counter_value"]
+    own = listed[:2]  # polygym's rows offer its own two; NeMo Gym's rows bring the other two
+    assert all(row["responses_create_params"]["tools"] == own for rows in LOADED.values() for row in rows)
 
 
 def test_datasets_have_the_right_sizes_valid_rows_and_disjoint_splits():
@@ -268,3 +269,38 @@ def test_datasets_have_the_right_sizes_valid_rows_and_disjoint_splits():
 
 def test_generator_reproduces_every_file_byte_for_byte(tmp_path):
     assert_generator_reproduces(DATA_DIR, tmp_path)
+
+
+NEMO_GYM_ROW = {  # the shape of NeMo Gym's rows: initial_count seeds, expected_count is checked
+    "responses_create_params": {
+        "input": [{"role": "user", "content": "add 1 then add 2 then get the count"}]
+    },
+    "initial_count": 3,
+    "expected_count": 6,
+}
+
+
+async def test_nemo_gym_row_with_nemo_gym_tools(env):
+    seed = await env.call("env", "/seed_session", NEMO_GYM_ROW)
+    for count in (1, 2):
+        reply = await env.call("env", "/increment_counter", {"count": count}, cookies=seed.cookies)
+        assert reply.json() == {"success": True}
+    assert (await env.call("env", "/get_counter_value", {}, cookies=seed.cookies)).json() == {"count": 6}
+    output = ExampleSessionStateMgmt.example_solution(NEMO_GYM_ROW)
+    assert (await verify(env, NEMO_GYM_ROW, output, seed.cookies))["reward"] == 1.0
+    no_answer = [item for item in output if item["type"] != "message"]
+    assert (await verify(env, NEMO_GYM_ROW, no_answer))["reward"] == 1.0  # replayed; the answer is not read
+
+
+async def test_nemo_gym_row_with_the_wrong_count_gets_zero(env):
+    seed = await env.call("env", "/seed_session", NEMO_GYM_ROW)
+    await env.call("env", "/increment_counter", {"count": 2}, cookies=seed.cookies)
+    assert (await verify(env, NEMO_GYM_ROW, [message_item("The count is 6.")], seed.cookies))["reward"] == 0.0
+
+
+async def test_a_row_needs_exactly_one_expectation(env):
+    body = {**NEMO_GYM_ROW, "expected_final_value": 6, "response": new_response([], model="m")}
+    with pytest.raises(ServerCallError) as err:
+        await env.call("env", "/verify", body)
+    assert err.value.status == 422
+    assert "exactly one" in err.value.detail

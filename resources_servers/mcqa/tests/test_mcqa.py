@@ -117,6 +117,34 @@ async def test_reward_follows_the_configured_extraction(make_env, extraction, te
     assert result["extraction_used"] == extraction
 
 
+@pytest.mark.parametrize(
+    ("grading_mode", "text", "reward", "used"),
+    [
+        ("strict_single_letter_boxed", "\\boxed{C}", 1.0, "boxed"),
+        ("strict_single_letter_boxed", "Answer: C", 0.0, "boxed"),
+        ("lenient_boxed", "\\boxed{\\text{ 4 }}", 1.0, "boxed_or_option_text"),
+        ("lenient_boxed", "\\boxed{it is 22}", 0.0, "boxed_or_option_text"),  # names D
+        ("lenient_answer_colon", "Answer: C", 1.0, "answer_colon"),
+        ("lenient_answer_colon_md", "**Answer:** C", 1.0, "answer_colon"),
+    ],
+)
+async def test_nemo_gym_grading_mode_picks_the_extraction(env, grading_mode, text, reward, used):
+    result = await verify(env, {**ROW, "grading_mode": grading_mode, "uuid": "u-1"}, text)
+    assert (result["reward"], result["extraction_used"], result["uuid"]) == (reward, used, "u-1")
+
+
+def test_option_text_needs_exactly_one_matching_option():
+    options = {"A": "Southern blotting", "B": "PCR", "C": "Methylation-specific PCR"}
+    assert extract_letter("\\boxed{southern  Blotting}", "ABC", "boxed_or_option_text", options) == (
+        "A",
+        "option_text",
+    )
+    assert extract_letter("\\boxed{Methylation-specific PCR}", "ABC", "boxed_or_option_text", options) == (
+        None,
+        None,
+    )  # B's text is inside C's: ambiguous, as in NeMo Gym
+
+
 async def test_a_row_can_choose_its_extraction(env):
     assert (await verify(env, ROW, "Answer: C"))["reward"] == 0.0  # the config default is boxed
     result = await verify(env, {**ROW, "extraction": "answer_colon"}, "Answer: C")

@@ -196,3 +196,40 @@ def test_datasets():
 def test_generator_reproduces_the_files_byte_for_byte(tmp_path):
     assert importlib.metadata.version("reasoning-gym") == GENERATED_WITH  # pinned in pyproject.toml
     assert_generator_reproduces(DATA, tmp_path)
+
+
+NEMO_GYM_ROW = {  # the shape of NeMo Gym's reasoning_gym rows: entry fields at the top level
+    "responses_create_params": {"input": [{"role": "user", "content": "Calculate 2 + 3."}]},
+    "question": "Calculate 2 + 3.",
+    "answer": "5",
+    "metadata": {"source_dataset": "basic_arithmetic", "source_index": 0},
+}
+
+
+@module_loop
+@pytest.mark.parametrize(
+    ("text", "reward", "extracted"),
+    [
+        ("Sum: <answer> 5 </answer>", 1.0, "5"),
+        ("So \\boxed{5}, I think", 1.0, "5"),  # NeMo Gym falls back to \boxed{}
+        ("5", 1.0, "5"),  # ... and then to the whole text
+        ("<answer>6</answer>", 0.0, "6"),
+    ],
+    ids=["tag", "boxed", "whole-text", "wrong"],
+)
+async def test_nemo_gym_row_is_scored_as_nemo_gym_scores_it(env, text, reward, extracted):
+    result = await verify(env, NEMO_GYM_ROW, synthetic_response(text))
+    assert (result["reward"], result["extracted_answer"], result["task"]) == (
+        reward,
+        extracted,
+        "basic_arithmetic",
+    )
+
+
+@module_loop
+async def test_nemo_gym_row_without_source_dataset_is_422(env):
+    row = {**NEMO_GYM_ROW, "metadata": {"source_index": 0}}
+    with pytest.raises(ServerCallError) as err:
+        await verify(env, row, synthetic_response("<answer>5</answer>"))
+    assert err.value.status == 422
+    assert "source_dataset" in err.value.detail
