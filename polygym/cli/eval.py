@@ -635,8 +635,8 @@ def _print_diff(files: RunFiles, summary: ReverifySummary) -> None:
     table.add_column("agent")
     for column in OUTCOMES:
         table.add_column(column.replace("_", " "), justify="right")
-    for env, counts in summary.diff.items():
-        table.add_row(env_label(env), *(str(counts[name]) for name in OUTCOMES))
+    for env in sorted(summary.diff, key=lambda env: (env == ALL_ENVS, env)):  # the roll-up last
+        table.add_row(env_label(env), *(str(summary.diff[env][name]) for name in OUTCOMES))
     out.print(table)
     total = summary.diff.get(ALL_ENVS, {})
     failed = ", ".join(f"{k}: {v}" for k, v in summary.failures_by_class.items())
