@@ -154,8 +154,9 @@ def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -
             plan.no_response += 1
             continue
         add(where, {**stored, "agent_ref": failure.get("agent_ref", stored.get("agent_ref"))}, True, None)
-    if limit is not None:
-        plan.items = plan.items[:limit]
+    if limit is not None:  # counts the rows to verify; carried rows are all kept
+        to_verify = {id(i) for i in [i for i in plan.items if i.verify][:limit]}
+        plan.items = [i for i in plan.items if not i.verify or id(i) in to_verify]
     return plan
 
 
@@ -387,11 +388,14 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
 def _dispatch(
     items: list[Item], done: set[tuple[int, int]], sent: JsonlAppender, written: int, verifier: Verifier
 ) -> Iterator[Item]:
-    """The items still to do, in plan order; each one past the ``written`` already in the payloads
-    file is appended there (as sent to ``/verify``) as it is taken."""
-    for index, item in enumerate(items):
-        if index >= written:
-            sent.write(verify_payload(item.job.row, verifier.sent.get(item.job.key)))
+    """The items still to do, in plan order; each one to verify past the ``written`` already in the
+    payloads file is appended there (as sent to ``/verify``) as it is taken."""
+    verified = 0
+    for item in items:
+        if item.verify:
+            if verified >= written:
+                sent.write(verify_payload(item.job.row, verifier.sent.get(item.job.key)))
+            verified += 1
         if item.job.key not in done:
             yield item
 

@@ -87,6 +87,8 @@ def test_failed_only_takes_judge_failed_rows_and_failures_with_a_response(tmp_pa
     ]
     assert plan.no_response == 1
     assert plan.fingerprint(True) != plan.fingerprint(False)
+    limited = plan_reverify(tmp_path / "x.jsonl", failed_only=True, limit=1).items
+    assert [(i.job.key[0], i.verify) for i in limited] == [(0, False), (1, True)]  # carried rows stay
 
 
 @pytest.mark.parametrize(
