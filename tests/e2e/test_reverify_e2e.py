@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from polygym.collect.reverify import diff_path, reverified_path
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.servers.judge import JUDGE_FAILED
-from tests.conftest import ROOT, gym_command
+from tests.conftest import ROOT, gym_command, wait_until
 
 ENV = "example_single_tool_call"
 AGENT = f"{ENV}_simple_agent"
@@ -148,19 +149,19 @@ reference_judge:
       judge_model_server: {{type: responses_api_models, name: judge_model}}
 """
 JUDGE_DATA = ROOT / "resources_servers/reference_judge/data/example.jsonl"
+JUDGE_SERVE = [
+    "--model-type",
+    "scripted_model",
+    "--resources-server",
+    "reference_judge",
+    "--config",
+    "judge.yaml",
+]
 
 
 def judged(tmp_path: Path, answer: str, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "judge.yaml").write_text(JUDGE.format(answer=answer))
-    serve = [
-        "--model-type",
-        "scripted_model",
-        "--resources-server",
-        "reference_judge",
-        "--config",
-        "judge.yaml",
-    ]
-    return gym("eval", *args[:1], *serve, *args[1:], cwd=tmp_path)
+    return gym("eval", *args[:1], *JUDGE_SERVE, *args[1:], cwd=tmp_path)
 
 
 def test_judge_failures_of_a_reverify_are_recorded_and_failed_only_fixes_them(tmp_path: Path) -> None:
@@ -199,3 +200,49 @@ def test_reverify_joins_a_running_stack(run_dir: Path, start_stack: Any) -> None
     )
     assert result.returncode == 0, result.stderr
     assert diff_of(run_dir / "out_reverified.jsonl")["changed"] == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_a_killed_reverify_resumes_exactly(tmp_path: Path, sig: signal.Signals) -> None:
+    first = judged(
+        tmp_path,
+        "VERDICT: CORRECT",
+        "run",
+        "--input",
+        str(JUDGE_DATA),
+        "--output",
+        "out.jsonl",
+        "--num-repeats",
+        "12",
+    )
+    assert first.returncode == 0, first.stderr
+    slow_judge = JUDGE.format(answer="VERDICT: INCORRECT").replace("app.py", "app.py\n      latency_ms: 40")
+    (tmp_path / "judge.yaml").write_text(slow_judge)
+    args = ["eval", "reverify", *JUDGE_SERVE, "--rollouts", "out.jsonl", "--concurrency", "2"]
+    out = tmp_path / "out_reverified.jsonl"
+    proc = subprocess.Popen(
+        gym_command(*args),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_until(lambda: out.exists() and len(keys(out)) >= 8, 60)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and "resume with:" in stderr
+    partial = keys(out)
+    assert 8 <= len(partial) < 60
+    resumed = gym(*args, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    final = keys(out)
+    assert len(final) == len(set(final)) == 60
+    assert f"{60 - len(partial)} rows reverified, {len(partial)} already done" in resumed.stdout
+    assert {r["reward"] for r in iter_jsonl(out)} == {0.0}
+    assert diff_of(out)["per_environment"]["_all"]["lowered"] == 60
