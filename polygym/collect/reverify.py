@@ -49,6 +49,7 @@ from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
 from polygym.row import ALL_ENVS, ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.servers.judge import JUDGE_FAILED
+from polygym.suggest import unknown_name_message
 
 REVERIFIED = "_reverified.jsonl"
 DIFF = "_reverify_diff.json"
@@ -208,9 +209,7 @@ class Verifier:
         if not item.verify:
             return Outcome(item, 0.0, rollout=job.row)
         began = time.perf_counter()
-        server = self.resources.get(job.agent)
-        if server is None:
-            return self._failed(item, began, "UnknownAgent", f"agent '{job.agent}' is not in the stack")
+        server = self.resources[job.agent]
         payload = verify_payload(job.row, self.sent.get(job.key))
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -356,7 +355,14 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
     files = settings.files()
     plan = plan_reverify(settings.rollouts, settings.failed_only, settings.limit)
     resources = await resources_by_agent(client)
-    needed = {resources[i.job.agent] for i in plan.items if i.verify and i.job.agent in resources}
+    missing = sorted({i.job.agent for i in plan.items if i.verify} - set(resources))
+    if missing:
+        raise ReverifyError(
+            "\n".join(
+                f"{settings.rollouts}: {unknown_name_message('agent', a, sorted(resources))}" for a in missing
+            )
+        )
+    needed = {resources[i.job.agent] for i in plan.items if i.verify}
     forced = await unsupported_servers(client, needed)
     if forced and not settings.force:
         raise ReverifyError(

@@ -246,3 +246,11 @@ def test_a_killed_reverify_resumes_exactly(tmp_path: Path, sig: signal.Signals) 
     assert f"{60 - len(partial)} rows reverified, {len(partial)} already done" in resumed.stdout
     assert {r["reward"] for r in iter_jsonl(out)} == {0.0}
     assert diff_of(out)["per_environment"]["_all"]["lowered"] == 60
+
+
+def test_rows_of_an_agent_the_stack_lacks_are_refused_naming_it(run_dir: Path) -> None:
+    other = ["--model-type", "scripted_model", "--resources-server", "example_multi_step"]
+    result = gym("eval", "reverify", *other, "--rollouts", "out.jsonl", cwd=run_dir)
+    assert result.returncode == 2
+    assert AGENT in result.stderr and "out.jsonl" in result.stderr
+    assert not (run_dir / "out_reverified.jsonl").exists()
