@@ -38,7 +38,14 @@ from polygym.collect.dataset import DatasetError, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
 from polygym.collect.health import DEFAULT_QUARANTINE_MIN, DEFAULT_QUARANTINE_RATE, QUARANTINED, HealthMonitor
 from polygym.collect.job_plan import MAX_NUM_REPEATS, JobPlan, Materialization
-from polygym.collect.reverify import OUTCOMES, ReverifySettings, ReverifySummary, diff_path, reverify
+from polygym.collect.reverify import (
+    DEFAULT_VERIFY_TIMEOUT_S,
+    OUTCOMES,
+    ReverifySettings,
+    ReverifySummary,
+    diff_path,
+    reverify,
+)
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, MAX_CONCURRENCY, Limits
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
 from polygym.collect.sampling import sampling_problems
@@ -573,7 +580,7 @@ def _num(value: Any) -> str:
     "--timeout",
     "timeout_s",
     type=POSITIVE_SECONDS,
-    default=300.0,
+    default=DEFAULT_VERIFY_TIMEOUT_S,
     show_default=True,
     help="Seconds per row (seed, verify, retries).",
 )

@@ -39,7 +39,7 @@ import orjson
 
 from polygym import row as rows
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
-from polygym.collect.rollouts import RUN_RETRY, TIMEOUT_CLASS, failure_record
+from polygym.collect.rollouts import DEFAULT_CONCURRENCY, RUN_RETRY, TIMEOUT_CLASS, failure_record
 from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, done_keys, prepare
 from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
@@ -60,6 +60,8 @@ FAILURE_CLASS_FIELDS = ("error_class", "_ng_failure_class")
 UNSUPPORTED = "unsupported"
 """A resources server's ``GET /reverify_mode`` answer (NeMo Gym) when its rewards cannot be recomputed."""
 RELEASE_TIMEOUT_S = 10.0
+DEFAULT_VERIFY_TIMEOUT_S = 300.0
+"""One row: seed, verify (a judge call included) and retries; the agent's own ``verify_timeout_s``."""
 OUTCOMES = ("unchanged", "raised", "lowered", "newly_failed", "fixed", "still_failed", "carried")
 
 
@@ -305,6 +307,8 @@ async def unsupported_servers(client: ServerClient, servers: Iterable[str]) -> l
 
 @dataclass
 class ReverifySettings:
+    """Everything one ``gym eval reverify`` is told, parsed once (the stack target aside)."""
+
     rollouts: Path
     output: Path | None = None
     """Default ``X_reverified.jsonl``."""
@@ -315,10 +319,12 @@ class ReverifySettings:
     overwrite: bool = False
     force: bool = False
     allow_stack_change: bool = False
-    concurrency: int = 64
-    timeout_s: float = 300.0
+    concurrency: int = DEFAULT_CONCURRENCY
+    timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
     limit: int | None = None
+    """Reverify at most this many rows (rows carried by ``failed_only`` are all kept)."""
     aggregate: bool = True
+    """Write ``X_reverified_aggregate_metrics.json`` (NeMo Gym's ``--disable-aggregation`` turns it off)."""
 
     def files(self) -> RunFiles:
         output = self.output or reverified_path(self.rollouts)
