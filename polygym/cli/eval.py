@@ -595,7 +595,7 @@ def reverify_command(**opts: Any) -> None:
 
     \b
     gym eval reverify --model-type scripted_model --resources-server mcqa --rollouts results/out.jsonl
-    writes results/out_reverified.jsonl (+ _failures, _aggregate_metrics) and out_reverify_diff.json;
+    writes results/out_reverified.jsonl (+ _failures, _aggregate_metrics) and results/out_reverify_diff.json;
     results/out.jsonl and its files are never changed.
     """
     settings = ReverifySettings(

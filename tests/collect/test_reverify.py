@@ -17,6 +17,7 @@ from polygym.collect.reverify import (
     diff_path,
     plan_reverify,
     reverified_path,
+    unsupported_servers,
     verify_payload,
 )
 from polygym.jsonl import write_jsonl
@@ -189,3 +190,17 @@ def test_a_failed_verify_is_a_failure_of_its_class_and_the_session_is_still_rele
 def test_a_reply_without_reward_is_a_failure_not_an_abort() -> None:
     outcome, _ = run_item(lambda payload: ["not", "a", "result"])
     assert outcome.failure["error_class"] == "ValueError" and "no reward" in outcome.failure["error"]
+
+
+class ModeClient:
+    """``old`` says (NeMo Gym's route) it cannot be reverified; ``new`` has no such route."""
+
+    async def call(self, name: str, path: str, payload: Any = None, **kw: Any) -> Any:
+        if name == "old":
+            return Reply("unsupported")
+        raise ServerCallError(f"{name} {path}", "not found", status=404)
+
+
+def test_only_servers_that_say_unsupported_need_force() -> None:
+    found = asyncio.run(unsupported_servers(ModeClient(), ["old", "new", "old"]))  # type: ignore[arg-type]
+    assert found == ["old"]

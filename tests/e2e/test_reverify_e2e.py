@@ -100,6 +100,10 @@ def test_reverify_recomputes_rewards_into_new_files_and_resumes_exactly(run_dir:
     assert diff_of(new.output)["per_environment"][AGENT] == counts
     assert digests(old) == before
 
+    tamper(old.output, {3: {"reward": 0.1}})  # not the rollouts that reverify began with
+    changed = gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", "--resume", cwd=run_dir)
+    assert changed.returncode == 2 and "cannot resume" in changed.stderr
+
 
 def count_lines(path: Path) -> int:
     return len(path.read_bytes().splitlines())
