@@ -1,0 +1,465 @@
+"""``gym eval reverify``: recompute the rewards of stored rollouts through their environments' ``/verify``.
+
+A verifier gets fixed (a regex that missed ``\\boxed{ 42 }``), a judge was down for part of a run,
+or a grader's prompt changed: the responses are still good, only their rewards are not. Playing
+the rollouts again would cost the model calls and change the responses; reverification sends
+each stored response to its environment's ``/verify`` again, exactly as the agent did at the end
+of the rollout (``polygym.servers.agent``): ``/seed_session`` with the row as sent, ``/verify``
+with the row and the stored response in that session, ``/end_session`` in every case. Stateful
+environments get their session back that way; stateless ones ignore it.
+
+For ``--rollouts X.jsonl`` (never touched) the run writes new files next to it:
+``X_reverified.jsonl`` the rows with recomputed rewards, ``X_reverified_failures.jsonl`` the rows
+whose verification failed (each with its stored response under ``row``, so a later
+``--failed-only`` can run it again), ``X_reverified_aggregate_metrics.json``, the run files that
+make it resumable (``run_files``, ``run_lock``: record, lock, the payloads as sent), and
+``X_reverify_diff.json``: per environment how many rewards stayed, rose or fell, how many rows
+newly failed and how many failed rows verified now.
+
+``failed_only`` re-verifies only the rows the run could not score: rows of ``X_failures.jsonl``
+that carry a response, and rows of ``X.jsonl`` marked as judge failures; the other rows are
+carried into the output unchanged, so the output is again one complete set (NeMo Gym's
+``--judge-failed-only``). A failure without a response (the model call failed) cannot be
+reverified; it is counted, and ``gym eval run --resume`` is what redoes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from polygym import row as rows
+from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
+from polygym.collect.rollouts import DEFAULT_CONCURRENCY, RUN_RETRY, TIMEOUT_CLASS, failure_record
+from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, done_keys, prepare
+from polygym.collect.run_lock import RunLock
+from polygym.collect.run_stack import check_stack, read_identity
+from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
+from polygym.net import budget
+from polygym.net.client import ServerCallError, ServerClient
+from polygym.protocol import AGENT_KIND
+from polygym.row import ALL_ENVS, ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.servers.judge import JUDGE_FAILED
+from polygym.suggest import unknown_name_message
+
+REVERIFIED = "_reverified.jsonl"
+DIFF = "_reverify_diff.json"
+RESULT_FIELDS = ("response", "reward")
+"""Fields of a stored rollout that ``/verify`` produced or scored, left out of a rebuilt input row."""
+FAILURE_CLASS_FIELDS = ("error_class", "_ng_failure_class")
+"""Where a rollout row says its verification failed (polygym's failure records, NeMo Gym's rows)."""
+UNSUPPORTED = "unsupported"
+"""A resources server's ``GET /reverify_mode`` answer (NeMo Gym) when its rewards cannot be recomputed."""
+RELEASE_TIMEOUT_S = 10.0
+DEFAULT_VERIFY_TIMEOUT_S = 300.0
+"""One row: seed, verify (a judge call included) and retries; the agent's own ``verify_timeout_s``."""
+OUTCOMES = ("unchanged", "raised", "lowered", "newly_failed", "fixed", "still_failed", "carried")
+
+
+class ReverifyError(RunFileError):
+    """The rollouts cannot be reverified as asked; the message names the file, line or server."""
+
+
+def reverified_path(rollouts: Path) -> Path:
+    """``X_reverified.jsonl`` for ``X.jsonl``: the default output, never the input."""
+    return RunFiles(rollouts)._sibling(REVERIFIED)
+
+
+def diff_path(output: Path) -> Path:
+    """``X_reverify_diff.json`` for the output ``X_reverified.jsonl``, else ``O_reverify_diff.json``."""
+    name = output.name
+    for suffix in (REVERIFIED, ".jsonl"):
+        if name.endswith(suffix):
+            return output.with_name(name[: -len(suffix)] + DIFF)
+    return output.with_name(name + DIFF)
+
+
+@dataclass(frozen=True)
+class Item:
+    """One stored row to reverify (``verify``) or to carry into the output unchanged."""
+
+    job: Job
+    """``job.row`` is the stored row, response included, so a failure record keeps it."""
+    verify: bool
+    old_reward: float | None
+    """The stored reward; None when the row had failed."""
+
+
+@dataclass
+class ReverifyPlan:
+    items: list[Item]
+    no_response: int = 0
+    """Failed rows without a response: nothing to verify (``gym eval run --resume`` redoes them)."""
+
+    def fingerprint(self, failed_only: bool) -> str:
+        digest = hashlib.sha256(b"failed-only" if failed_only else b"all")
+        for item in self.items:
+            digest.update(orjson.dumps([item.job.key, item.job.agent, item.verify, item.old_reward]))
+            digest.update(orjson.dumps(item.job.row.get("response"), option=orjson.OPT_SORT_KEYS))
+        return digest.hexdigest()
+
+
+def judge_failed(row: dict[str, Any]) -> bool:
+    """Whether a row is marked as one whose judge gave no verdict."""
+    return row.get("judge_failed") is True or any(row.get(f) == JUDGE_FAILED for f in FAILURE_CLASS_FIELDS)
+
+
+def _key(row: dict[str, Any], where: str) -> tuple[int, int]:
+    task, rollout = row.get(TASK_INDEX), row.get(ROLLOUT_INDEX)
+    if not isinstance(task, int) or not isinstance(rollout, int):
+        raise ReverifyError(f"{where}: no integer {TASK_INDEX} / {ROLLOUT_INDEX}; is this a rollouts file?")
+    return task, rollout
+
+
+def _agent(row: dict[str, Any], where: str) -> str:
+    ref = row.get("agent_ref")
+    name = ref.get("name") if isinstance(ref, dict) else None
+    if not isinstance(name, str):
+        raise ReverifyError(f"{where}: field agent_ref: missing or without a name")
+    return name
+
+
+def _numbered(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    for number, row in enumerate(iter_jsonl(path), start=1):
+        yield f"{path} row {number}", row
+
+
+def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -> ReverifyPlan:
+    """The rows to reverify, in file order (the rollouts', then the failures'), one per key."""
+    if not rollouts.is_file():
+        raise ReverifyError(f"--rollouts {rollouts}: no such file")
+    plan = ReverifyPlan([])
+    seen: set[tuple[int, int]] = set()
+
+    def add(where: str, row: dict[str, Any], verify: bool, old: float | None) -> None:
+        key = _key(row, where)
+        if key not in seen:
+            seen.add(key)
+            plan.items.append(Item(Job(_agent(row, where), *key, row), verify, old))
+
+    for where, row in _numbered(rollouts):
+        if "response" not in row:
+            raise ReverifyError(f"{where}: field response: missing, nothing to verify")
+        failed = judge_failed(row)
+        add(where, row, verify=failed or not failed_only, old=None if failed else rows.reward(row))
+    for where, failure in _numbered(RunFiles(rollouts).failures):
+        stored = failure.get("row")
+        if not isinstance(stored, dict) or "response" not in stored:
+            plan.no_response += 1
+            continue
+        add(where, {**stored, "agent_ref": failure.get("agent_ref", stored.get("agent_ref"))}, True, None)
+    if limit is not None:  # counts the rows to verify; carried rows are all kept
+        to_verify = {id(i) for i in [i for i in plan.items if i.verify][:limit]}
+        plan.items = [i for i in plan.items if not i.verify or id(i) in to_verify]
+    return plan
+
+
+def input_rows(materialized: Path | None) -> dict[tuple[int, int], dict[str, Any]]:
+    """The rows as the run sent them, by key, when its materialized inputs are at hand."""
+    if materialized is None:
+        return {}
+    return {
+        (r[TASK_INDEX], r[ROLLOUT_INDEX]): r
+        for r in iter_jsonl(materialized)
+        if isinstance(r.get(TASK_INDEX), int) and isinstance(r.get(ROLLOUT_INDEX), int)
+    }
+
+
+def verify_payload(stored: dict[str, Any], sent: dict[str, Any] | None) -> dict[str, Any]:
+    """What the agent sent ``/verify``: the row as sent plus the response. Without the materialized
+    input, the stored row less what verification produced stands in for it."""
+    base = sent if sent is not None else {k: v for k, v in stored.items() if k not in RESULT_FIELDS}
+    return {**base, "response": stored["response"]}
+
+
+@dataclass
+class Outcome:
+    """One item's result: ``rollout`` when verified (or carried), ``failure`` otherwise."""
+
+    item: Item
+    latency_s: float
+    rollout: dict[str, Any] | None = None
+    failure: dict[str, Any] | None = None
+
+
+class Verifier:
+    """Runs one item against the resources server of its agent, never raising for a bad row."""
+
+    def __init__(
+        self,
+        client: ServerClient,
+        resources: dict[str, str],
+        sent: dict[tuple[int, int], dict[str, Any]],
+        timeout_s: float,
+    ) -> None:
+        self.client = client
+        self.resources = resources
+        self.sent = sent
+        self.timeout_s = timeout_s
+
+    async def run(self, item: Item) -> Outcome:
+        job = item.job
+        if not item.verify:
+            return Outcome(item, 0.0, rollout=job.row)
+        began = time.perf_counter()
+        server = self.resources[job.agent]
+        payload = verify_payload(job.row, self.sent.get(job.key))
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                result = await self._verify(server, payload)
+        except TimeoutError:
+            return self._failed(
+                item, began, TIMEOUT_CLASS, f"no verdict within {self.timeout_s:g}s; cancelled"
+            )
+        except ServerCallError as exc:
+            return self._failed(item, began, exc.error_class, exc.detail)
+        except Exception as exc:  # a bad reply is recorded as a failure, never an abort
+            return self._failed(item, began, type(exc).__name__, str(exc))
+        result["agent_ref"] = {"type": AGENT_KIND, "name": job.agent}
+        result[TASK_INDEX], result[ROLLOUT_INDEX] = job.key
+        return Outcome(item, time.perf_counter() - began, rollout=result)
+
+    async def _verify(self, server: str, payload: dict[str, Any]) -> dict[str, Any]:
+        seeded = await self.client.call(server, "/seed_session", payload, retry=RUN_RETRY)
+        cookies = dict(seeded.cookies)
+        try:
+            reply = await self.client.call(server, "/verify", payload, cookies=cookies, retry=RUN_RETRY)
+        finally:
+            with contextlib.suppress(ServerCallError), budget.within(budget.UNLIMITED):
+                await self.client.call(
+                    server, "/end_session", {}, cookies=cookies, timeout_s=RELEASE_TIMEOUT_S
+                )
+        result = reply.json()
+        if not isinstance(result, dict) or "reward" not in result:
+            raise ValueError(f"/verify of '{server}' returned no reward: {str(result)[:300]}")
+        return result
+
+    def _failed(self, item: Item, began: float, error_class: str, message: str) -> Outcome:
+        latency = time.perf_counter() - began
+        return Outcome(item, latency, failure=failure_record(item.job, error_class, message, latency))
+
+
+async def outcomes(items: Iterable[Item], verifier: Verifier, concurrency: int) -> AsyncIterator[Outcome]:
+    """Each item's outcome in completion order, ``concurrency`` at a time; stopping early cancels
+    the verifications in flight (the items not yielded are what ``--resume`` does)."""
+    pending = iter(items)
+    results: asyncio.Queue[Outcome | None] = asyncio.Queue(maxsize=max(16, concurrency))
+
+    async def worker() -> None:
+        for item in pending:
+            await results.put(await verifier.run(item))
+
+    async def supervise(workers: Sequence[asyncio.Future[None]]) -> BaseException | None:
+        crashed = [o for o in await asyncio.gather(*workers, return_exceptions=True) if o is not None]
+        await results.put(None)
+        return crashed[0] if crashed else None
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(max(1, concurrency))]
+    supervisor = asyncio.ensure_future(supervise(workers))
+    try:
+        while (outcome := await results.get()) is not None:
+            yield outcome
+        if (crash := await supervisor) is not None:
+            raise crash
+    finally:
+        for task in [*workers, supervisor]:
+            task.cancel()
+        await asyncio.gather(*workers, supervisor, return_exceptions=True)
+
+
+async def resources_by_agent(client: ServerClient) -> dict[str, str]:
+    """Agent -> its resources server, from the head's ``GET /config`` (the same for a started and a
+    joined stack)."""
+    if client.head_url is None:
+        raise ReverifyError("the stack has no head server to read its config from")
+    reply = await client.request_url("GET", f"{client.head_url}/config", timeout_s=30.0)
+    config = reply.json()
+    mapping: dict[str, str] = {}
+    for name, value in config.items() if isinstance(config, dict) else ():
+        implementations = value.get(AGENT_KIND) if isinstance(value, dict) else None
+        for settings in (implementations or {}).values():
+            ref = settings.get("resources_server") if isinstance(settings, dict) else None
+            if isinstance(ref, dict) and isinstance(ref.get("name"), str):
+                mapping[str(name)] = ref["name"]
+    return mapping
+
+
+async def unsupported_servers(client: ServerClient, servers: Iterable[str]) -> list[str]:
+    """The servers that say (NeMo Gym's ``GET /reverify_mode``) their rewards cannot be recomputed;
+    a server without the route (every polygym one) is reverified through its session."""
+    found = []
+    for server in sorted(set(servers)):
+        with contextlib.suppress(ServerCallError, ValueError):
+            reply = await client.call(server, "/reverify_mode", method="GET", timeout_s=30.0)
+            if reply.json() == UNSUPPORTED:
+                found.append(server)
+    return found
+
+
+@dataclass
+class ReverifySettings:
+    """Everything one ``gym eval reverify`` is told, parsed once (the stack target aside)."""
+
+    rollouts: Path
+    output: Path | None = None
+    """Default ``X_reverified.jsonl``."""
+    materialized: Path | None = None
+    """The run's materialized inputs (default ``X_materialized_inputs.jsonl`` when it exists)."""
+    failed_only: bool = False
+    resume: bool = False
+    overwrite: bool = False
+    force: bool = False
+    allow_stack_change: bool = False
+    concurrency: int = DEFAULT_CONCURRENCY
+    timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
+    limit: int | None = None
+    """Reverify at most this many rows (rows carried by ``failed_only`` are all kept)."""
+    aggregate: bool = True
+    """Write ``X_reverified_aggregate_metrics.json`` (NeMo Gym's ``--disable-aggregation`` turns it off)."""
+
+    def files(self) -> RunFiles:
+        output = self.output or reverified_path(self.rollouts)
+        source = RunFiles(self.rollouts)
+        if output.resolve() in {p.resolve() for p in [*source.all(), source.record]}:
+            raise ReverifyError(
+                f"--output {output}: is a file of the rollouts' run; reverify never overwrites it"
+            )
+        return RunFiles(output)
+
+    def inputs(self) -> Path | None:
+        if self.materialized is not None:
+            if not self.materialized.is_file():
+                raise ReverifyError(f"--inputs {self.materialized}: no such file")
+            return self.materialized
+        default = RunFiles(self.rollouts).materialized
+        return default if default.is_file() else None
+
+
+@dataclass
+class ReverifySummary:
+    total: int
+    skipped: int
+    no_response: int
+    verified: int = 0
+    failed: int = 0
+    failures_by_class: Counter[str] = field(default_factory=Counter)
+    diff: dict[str, dict[str, int]] = field(default_factory=dict)
+    forced: list[str] = field(default_factory=list)
+
+
+async def reverify(client: ServerClient, settings: ReverifySettings) -> ReverifySummary:
+    """Reverify ``settings.rollouts`` into new files; cancellation leaves a resumable run."""
+    files = settings.files()
+    plan = plan_reverify(settings.rollouts, settings.failed_only, settings.limit)
+    resources = await resources_by_agent(client)
+    missing = sorted({i.job.agent for i in plan.items if i.verify} - set(resources))
+    if missing:
+        raise ReverifyError(
+            "\n".join(
+                f"{settings.rollouts}: {unknown_name_message('agent', a, sorted(resources))}" for a in missing
+            )
+        )
+    needed = {resources[i.job.agent] for i in plan.items if i.verify}
+    forced = await unsupported_servers(client, needed)
+    if forced and not settings.force:
+        raise ReverifyError(
+            f"resources server(s) {', '.join(forced)} say their rewards cannot be recomputed "
+            "(reverify_mode unsupported); pass --force to reverify anyway"
+        )
+    verifier = Verifier(client, resources, input_rows(settings.inputs()), settings.timeout_s)
+    with RunLock(files):
+        prepare(
+            files, settings.resume, settings.overwrite, fingerprint=plan.fingerprint(settings.failed_only)
+        )
+        check_stack(files, await read_identity(client), settings.allow_stack_change)
+        done = done_keys(files.output) if settings.resume else set()
+        summary = ReverifySummary(
+            len(plan.items), len(done & {i.job.key for i in plan.items}), plan.no_response
+        )
+        summary.forced = forced
+        written = count_rows(files.materialized) if settings.resume else 0
+        with RolloutWriter(files) as writer, JsonlAppender(files.materialized) as sent:
+            todo = _dispatch(plan.items, done, sent, written, verifier)
+            async for outcome in outcomes(todo, verifier, settings.concurrency):
+                _record(outcome, writer, summary)
+        summary.diff = write_diff(settings.rollouts, plan, files, forced)
+        if settings.aggregate:
+            await write_aggregate_metrics(files, client, RunSummary(summary.total, summary.skipped))
+    return summary
+
+
+def _dispatch(
+    items: list[Item], done: set[tuple[int, int]], sent: JsonlAppender, written: int, verifier: Verifier
+) -> Iterator[Item]:
+    """The items still to do, in plan order; each one to verify past the ``written`` already in the
+    payloads file is appended there (as sent to ``/verify``) as it is taken."""
+    verified = 0
+    for item in items:
+        if item.verify:
+            if verified >= written:
+                sent.write(verify_payload(item.job.row, verifier.sent.get(item.job.key)))
+            verified += 1
+        if item.job.key not in done:
+            yield item
+
+
+def _record(outcome: Outcome, writer: RolloutWriter, summary: ReverifySummary) -> None:
+    if outcome.rollout is not None:
+        writer.rollout(outcome.rollout)
+        summary.verified += 1 if outcome.item.verify else 0
+        return
+    assert outcome.failure is not None
+    writer.failure(outcome.failure)
+    summary.failed += 1
+    summary.failures_by_class[outcome.failure["error_class"]] += 1
+
+
+def classify(item: Item, new_reward: float | None) -> str:
+    """How one row's reward moved: ``new_reward`` None means its reverification failed."""
+    if not item.verify:
+        return "carried"
+    old = item.old_reward
+    if old is None:
+        return "still_failed" if new_reward is None else "fixed"
+    if new_reward is None:
+        return "newly_failed"
+    return "unchanged" if new_reward == old else ("raised" if new_reward > old else "lowered")
+
+
+def diff_counts(plan: ReverifyPlan, files: RunFiles) -> dict[str, dict[str, int]]:
+    """Per environment (and ``_all``) how many rows fell in each of ``OUTCOMES``, over the whole
+    output, so a resumed run counts the rows of its earlier attempts too."""
+    new = {(r[TASK_INDEX], r[ROLLOUT_INDEX]): rows.reward(r) for r in iter_jsonl(files.output)}
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for item in plan.items:
+        outcome = classify(item, new.get(item.job.key))
+        counts[item.job.agent][outcome] += 1
+        counts[ALL_ENVS][outcome] += 1
+    return {env: {name: counts[env][name] for name in OUTCOMES} for env in sorted(counts)}
+
+
+def write_diff(
+    rollouts: Path, plan: ReverifyPlan, files: RunFiles, forced: list[str]
+) -> dict[str, dict[str, int]]:
+    """Write ``X_reverify_diff.json`` and return its per-environment counts."""
+    counts = diff_counts(plan, files)
+    total = counts.get(ALL_ENVS, {})
+    report = {
+        "rollouts": str(rollouts),
+        "reverified": str(files.output),
+        "changed": total.get("raised", 0) + total.get("lowered", 0),
+        "not_reverifiable_no_response": plan.no_response,
+        "forced_unsupported": forced,
+        "per_environment": counts,
+    }
+    diff_path(files.output).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    return counts

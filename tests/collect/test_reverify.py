@@ -1,0 +1,206 @@
+"""Which rows a reverify plans, how it calls an environment, and how it counts the changes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polygym.collect.reverify import (
+    Item,
+    ReverifyError,
+    ReverifySettings,
+    Verifier,
+    classify,
+    diff_path,
+    plan_reverify,
+    reverified_path,
+    unsupported_servers,
+    verify_payload,
+)
+from polygym.jsonl import write_jsonl
+from polygym.net.client import ServerCallError
+from polygym.row import Job
+from polygym.servers.judge import JUDGE_FAILED
+
+AGENT = {"type": "responses_api_agents", "name": "a"}
+
+
+def rollout(task: int, reward: float = 1.0, **extra: Any) -> dict[str, Any]:
+    return {
+        "responses_create_params": {"input": "q"},
+        "agent_ref": AGENT,
+        "_ng_task_index": task,
+        "_ng_rollout_index": 0,
+        "response": {"output": [], "id": f"r{task}"},
+        "reward": reward,
+        **extra,
+    }
+
+
+def test_paths_sit_next_to_the_rollouts() -> None:
+    assert reverified_path(Path("d/x.jsonl")) == Path("d/x_reverified.jsonl")
+    assert diff_path(Path("d/x_reverified.jsonl")) == Path("d/x_reverify_diff.json")
+    assert diff_path(Path("d/other.jsonl")) == Path("d/other_reverify_diff.json")
+
+
+def test_output_may_not_be_a_file_of_the_run(tmp_path: Path) -> None:
+    for name in ("x.jsonl", "x_failures.jsonl", "x_aggregate_metrics.json"):
+        with pytest.raises(ReverifyError, match="never overwrites"):
+            ReverifySettings(tmp_path / "x.jsonl", output=tmp_path / name).files()
+
+
+def test_full_plan_verifies_every_row_with_its_old_reward(tmp_path: Path) -> None:
+    write_jsonl([rollout(0, 0.5), rollout(1, 1.0)], tmp_path / "x.jsonl")
+    plan = plan_reverify(tmp_path / "x.jsonl", failed_only=False)
+    assert [(i.job.key, i.verify, i.old_reward) for i in plan.items] == [
+        ((0, 0), True, 0.5),
+        ((1, 0), True, 1.0),
+    ]
+    assert plan_reverify(tmp_path / "x.jsonl", failed_only=False, limit=1).items[0].job.key == (0, 0)
+
+
+def test_failed_only_takes_judge_failed_rows_and_failures_with_a_response(tmp_path: Path) -> None:
+    write_jsonl(
+        [rollout(0), rollout(1, 0.0, error_class=JUDGE_FAILED), rollout(2, 0.0, judge_failed=True)],
+        tmp_path / "x.jsonl",
+    )
+    write_jsonl(
+        [
+            {"agent_ref": AGENT, "error_class": JUDGE_FAILED, "row": rollout(3)},
+            {
+                "agent_ref": AGENT,
+                "error_class": "Timeout",
+                "row": {"responses_create_params": {"input": "q"}},
+            },
+            {"agent_ref": AGENT, "error_class": JUDGE_FAILED, "row": rollout(1)},  # already planned: once
+        ],
+        tmp_path / "x_failures.jsonl",
+    )
+    plan = plan_reverify(tmp_path / "x.jsonl", failed_only=True)
+    assert [(i.job.key[0], i.verify, i.old_reward) for i in plan.items] == [
+        (0, False, 1.0),
+        (1, True, None),
+        (2, True, None),
+        (3, True, None),
+    ]
+    assert plan.no_response == 1
+    assert plan.fingerprint(True) != plan.fingerprint(False)
+    limited = plan_reverify(tmp_path / "x.jsonl", failed_only=True, limit=1).items
+    assert [(i.job.key[0], i.verify) for i in limited] == [(0, False), (1, True)]  # carried rows stay
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"agent_ref": AGENT, "_ng_task_index": 0, "_ng_rollout_index": 0}, "field response: missing"),
+        ({**rollout(0), "agent_ref": None}, "field agent_ref"),
+        ({**rollout(0), "_ng_task_index": "0"}, "_ng_task_index"),
+    ],
+)
+def test_bad_rows_are_named_by_file_and_row(tmp_path: Path, row: dict[str, Any], message: str) -> None:
+    write_jsonl([rollout(5), row], tmp_path / "x.jsonl")
+    with pytest.raises(ReverifyError, match=rf"x.jsonl row 2: .*{message}"):
+        plan_reverify(tmp_path / "x.jsonl", failed_only=False)
+
+
+def test_missing_rollouts_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ReverifyError, match=r"--rollouts .*no such file"):
+        plan_reverify(tmp_path / "absent.jsonl", failed_only=False)
+
+
+def test_payload_is_the_row_as_sent_plus_the_stored_response() -> None:
+    stored = rollout(0, 0.0, extracted="x")
+    assert verify_payload(stored, {"sent": True}) == {"sent": True, "response": stored["response"]}
+    rebuilt = verify_payload(stored, None)
+    assert rebuilt["response"] == stored["response"] and "reward" not in rebuilt
+
+
+def item(old: float | None, verify: bool = True) -> Item:
+    return Item(Job("a", 0, 0, rollout(0)), verify, old)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "verify", "outcome"),
+    [
+        (1.0, 1.0, True, "unchanged"),
+        (0.0, 1.0, True, "raised"),
+        (1.0, 0.5, True, "lowered"),
+        (1.0, None, True, "newly_failed"),
+        (None, 0.0, True, "fixed"),
+        (None, None, True, "still_failed"),
+        (1.0, 1.0, False, "carried"),
+    ],
+)
+def test_classify(old: float | None, new: float | None, verify: bool, outcome: str) -> None:
+    assert classify(item(old, verify), new) == outcome
+
+
+class FakeClient:
+    """Records the calls of a verification; ``verify`` is what ``/verify`` does."""
+
+    def __init__(self, verify: Any) -> None:
+        self.calls: list[tuple[str, str, dict[str, str] | None]] = []
+        self.verify = verify
+
+    async def call(self, name: str, path: str, payload: Any = None, **kw: Any) -> Any:
+        self.calls.append((name, path, kw.get("cookies")))
+        if path == "/verify":
+            return Reply(self.verify(payload))
+        return Reply({}, {"session": "s1"})
+
+
+class Reply:
+    def __init__(self, body: Any, cookies: dict[str, str] | None = None) -> None:
+        self.body, self.cookies = body, cookies or {}
+
+    def json(self) -> Any:
+        return self.body
+
+
+def run_item(verify: Any) -> tuple[Any, FakeClient]:
+    client = FakeClient(verify)
+    verifier = Verifier(client, {"a": "env"}, {}, timeout_s=5.0)  # type: ignore[arg-type]
+    return asyncio.run(verifier.run(item(1.0))), client
+
+
+def test_a_row_is_seeded_verified_in_its_session_and_released() -> None:
+    outcome, client = run_item(lambda payload: {**payload, "reward": 0.0})
+    assert outcome.rollout["reward"] == 0.0 and outcome.rollout["_ng_task_index"] == 0
+    assert client.calls == [
+        ("env", "/seed_session", None),
+        ("env", "/verify", {"session": "s1"}),
+        ("env", "/end_session", {"session": "s1"}),
+    ]
+
+
+def test_a_failed_verify_is_a_failure_of_its_class_and_the_session_is_still_released() -> None:
+    def judge_down(payload: Any) -> Any:
+        raise ServerCallError("env /verify", "no verdict", status=424, error_class=JUDGE_FAILED)
+
+    outcome, client = run_item(judge_down)
+    assert outcome.rollout is None
+    assert outcome.failure["error_class"] == JUDGE_FAILED
+    assert outcome.failure["row"]["response"] == rollout(0)["response"]  # kept for --failed-only
+    assert client.calls[-1][1] == "/end_session"
+
+
+def test_a_reply_without_reward_is_a_failure_not_an_abort() -> None:
+    outcome, _ = run_item(lambda payload: ["not", "a", "result"])
+    assert outcome.failure["error_class"] == "ValueError" and "no reward" in outcome.failure["error"]
+
+
+class ModeClient:
+    """``old`` says (NeMo Gym's route) it cannot be reverified; ``new`` has no such route."""
+
+    async def call(self, name: str, path: str, payload: Any = None, **kw: Any) -> Any:
+        if name == "old":
+            return Reply("unsupported")
+        raise ServerCallError(f"{name} {path}", "not found", status=404)
+
+
+def test_only_servers_that_say_unsupported_need_force() -> None:
+    found = asyncio.run(unsupported_servers(ModeClient(), ["old", "new", "old"]))  # type: ignore[arg-type]
+    assert found == ["old"]
