@@ -33,7 +33,7 @@ from polygym.cli.base import (
 from polygym.cli.compare import compare_command
 from polygym.cli.health import health_check_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
-from polygym.cli.placement_options import NOT_WHEN_JOINING, placement_options, replica_counts
+from polygym.cli.placement_options import placement_options, refuse_when_joining, replica_counts
 from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
 from polygym.collect.dataset import DatasetError, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
@@ -233,8 +233,7 @@ def run(ctx: click.Context, **opts: Any) -> None:
     if (opts["input_path"] is None) == (opts["blend_path"] is None):
         fail("pass exactly one of --input FILE or --blend SPEC", EXIT_USAGE)
     refuse_given(ctx, NOT_WITH_BLEND if opts["blend_path"] is not None else BLEND_ONLY)
-    if opts["no_serve"]:
-        refuse_given(ctx, NOT_WHEN_JOINING)
+    refuse_when_joining(ctx, opts)
     settings = EvalRunSettings.from_options(opts)
     if settings.blend is None:
         sys.exit(run_async(_run(stack_target(opts), settings)))
@@ -598,7 +597,9 @@ def _num(value: Any) -> str:
 @click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")
 @click.option("--head-url", default=None, help="Head server of the running stack (with --no-serve).")
 @click.option("--backend", type=click.Choice(sorted(BACKENDS)), default="inline", show_default=True)
-def reverify_command(**opts: Any) -> None:
+@placement_options
+@click.pass_context
+def reverify_command(ctx: click.Context, **opts: Any) -> None:
     """Recompute the rewards of stored rollouts through their environments' /verify, into new files.
 
     \b
@@ -620,6 +621,7 @@ def reverify_command(**opts: Any) -> None:
         limit=opts["limit"],
         aggregate=not opts["disable_aggregation"],
     )
+    refuse_when_joining(ctx, opts)
     sys.exit(run_async(_reverify(stack_target(opts), settings)))
 
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
+from polygym.cli.base import refuse_given
 from polygym.stack.config import StackConfig
 from polygym.stack.placement import parse_replicas
 
@@ -45,3 +46,9 @@ NOT_WHEN_JOINING = {
     "replicas": "only applies to a stack this command starts, not with --no-serve",
     "backend": "only applies to a stack this command starts, not with --no-serve",
 }
+
+
+def refuse_when_joining(ctx: click.Context, opts: dict[str, Any]) -> None:
+    """Exit 2 naming the placement options given with ``--no-serve`` (they would be ignored)."""
+    if opts["no_serve"]:
+        refuse_given(ctx, NOT_WHEN_JOINING)
