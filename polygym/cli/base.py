@@ -99,9 +99,12 @@ def load_stack_config(
             raise ConfigError(
                 ["nothing selected: pass --resources-server NAME, --model-type TYPE or --config PATH"]
             )
-        return load_config(paths, list(overrides))
+        config = load_config(paths, list(overrides))
     except ConfigError as exc:
         fail(str(exc), exc.exit_code)
+    for warning in config.warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    return config
 
 
 GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)

@@ -385,3 +385,96 @@ def test_server_spec_fields_and_references(project: Path) -> None:
     assert stack.servers["weather"].references() == []
     with pytest.raises(ValueError, match="Did you mean 'resources_servers'"):
         stack.by_kind("resource_servers")
+
+
+# ------------------------------------------------------------------- NeMo Gym's directives, includes
+
+
+def test_parse_override_double_plus_adds_or_changes() -> None:
+    assert parse_override("++a.b=3") == ("a.b", 3, True)
+    with pytest.raises(ConfigError):
+        parse_override("+++a=1")
+
+
+def test_inherit_from_moves_a_block_and_merges_the_mapping_over_it(project: Path) -> None:
+    base = write(project / "base.yaml", RESOURCES + MODEL)
+    child = write(
+        project / "child.yaml",
+        "fast_agent:\n  _inherit_from: weather_simple_agent\n"
+        "  responses_api_agents:\n    simple_agent:\n      max_steps: 3\n"
+        "judge_copy: ${copy:policy_model}\n",
+    )
+    config = load(["base.yaml", "child.yaml"], env=[write(project / "env.yaml", ENV)])
+    assert base.exists() and child.exists()
+    assert "weather_simple_agent" not in config.servers  # moved, not copied
+    agent = config.servers["fast_agent"]
+    assert agent.config["max_steps"] == 3
+    assert agent.config["resources_server"] == {"type": "resources_servers", "name": "weather"}
+    assert config.servers["judge_copy"].config["openai_model"] == "tiny"
+    assert "policy_model" in config.servers  # a copy keeps its source
+
+
+def test_delete_key_removes_inherited_keys(project: Path) -> None:
+    write(project / "base.yaml", RESOURCES + MODEL)
+    write(
+        project / "child.yaml",
+        "weather:\n  resources_servers:\n    weather_env:\n      _delete_key: domain, description\n",
+    )
+    config = load(["base.yaml", "child.yaml"], env=[write(project / "env.yaml", ENV)])
+    assert "domain" not in config.servers["weather"].config
+    assert "description" not in config.servers["weather"].config
+
+
+def test_inherit_from_unknown_source_is_named(project: Path) -> None:
+    write(project / "a.yaml", RESOURCES + MODEL + "other: ${inherit_from:no_such.block}\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load(["a.yaml"], env=[write(project / "env.yaml", ENV)])
+    assert any("other: _inherit_from 'no_such.block': no such key" in p for p in problems_of(excinfo))
+
+
+def test_config_paths_includes_merge_before_the_including_file(project: Path) -> None:
+    write(project / "model.yaml", MODEL)
+    write(project / "res.yaml", "config_paths: [model.yaml]\n" + RESOURCES)
+    write(
+        project / "top.yaml",
+        "config_paths: [res.yaml]\npolicy_model:\n  responses_api_models:\n"
+        "    openai_model:\n      max_tokens: 9\n",
+    )
+    config = load(["top.yaml"], env=[write(project / "env.yaml", ENV)])
+    assert set(config.servers) == {"weather", "weather_simple_agent", "policy_model"}
+    assert config.servers["policy_model"].config["max_tokens"] == 9  # the includer wins
+    assert config.sources == ["env.yaml", "model.yaml", "res.yaml", "top.yaml"]
+    assert "config_paths" not in config.globals
+
+
+def test_config_paths_override_and_missing_include(project: Path) -> None:
+    write(project / "model.yaml", MODEL)
+    write(project / "res.yaml", RESOURCES)
+    config = load([], ["+config_paths=[model.yaml,res.yaml]"], env=[write(project / "env.yaml", ENV)])
+    assert "weather" in config.servers
+    write(project / "bad.yaml", "config_paths: [nope.yaml]\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load(["bad.yaml"], env=[])
+    assert any("bad.yaml: config_paths entry 'nope.yaml' not found" in p for p in problems_of(excinfo))
+
+
+def test_legacy_agent_environment_server_is_a_relay_others_are_refused(project: Path) -> None:
+    relay = (
+        "weather_env_server:\n  environment_servers:\n    legacy_agent:\n      entrypoint: app.py\n"
+        "      agent_server: {type: responses_api_agents, name: weather_simple_agent}\n"
+    )
+    write(project / "a.yaml", RESOURCES + MODEL + relay)
+    config = load(["a.yaml"], env=[write(project / "env.yaml", ENV)])
+    assert config.relays == {"weather_env_server": "weather_simple_agent"}
+    assert "weather_env_server" not in config.servers and "weather_env_server" not in config.globals
+    write(project / "b.yaml", RESOURCES + MODEL + relay.replace("legacy_agent:", "single_agent_turn:"))
+    with pytest.raises(ConfigError) as excinfo:
+        load(["b.yaml"], env=[write(project / "env.yaml", ENV)])
+    (problem,) = problems_of(excinfo)
+    assert "weather_env_server: 'environment_servers'" in problem and "'single_agent_turn'" in problem
+
+
+def test_unused_top_level_value_is_a_warning_naming_it(project: Path) -> None:
+    write(project / "a.yaml", RESOURCES + MODEL + "trainer_lr: 0.1\n")
+    config = load(["a.yaml"], env=[write(project / "env.yaml", ENV + "shared_unused: 1\n")])
+    assert config.warnings == ["trainer_lr: not used by any server of this stack, ignored (from a.yaml)"]
