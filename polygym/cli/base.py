@@ -7,6 +7,7 @@ they name is merged, in that order, then ``key=value`` overrides from the comman
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -41,8 +42,36 @@ class SuggestingGroup(click.Group):
         return super().resolve_command(ctx, args)
 
 
+MODEL_FLAGS = {
+    "model": ("policy_model_name", "Model name (sets ${policy_model_name}, as NeMo Gym's --model does)."),
+    "model_url": ("policy_base_url", "Model server base URL (sets ${policy_base_url})."),
+    "model_api_key": ("policy_api_key", "Model server API key (sets ${policy_api_key})."),
+}
+"""NeMo Gym's model flags: each sets the global its model configs interpolate. A stack whose
+configs do not use it refuses the flag (exit 2) instead of ignoring it (``load_config``)."""
+
+
+def _with_model_flags(func: F) -> F:
+    """Fold ``--model``/``--model-url``/``--model-api-key`` into the overrides, first, so that an
+    explicit ``++policy_model_name=...`` on the same command line still wins, as in NeMo Gym."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        given = [(key, kwargs.pop(name)) for name, (key, _) in MODEL_FLAGS.items()]
+        flags = tuple(f"++{key}={value}" for key, value in given if value is not None)
+        kwargs["overrides"] = (*flags, *kwargs["overrides"])
+        return func(*args, **kwargs)
+
+    for name, (_, text) in reversed(MODEL_FLAGS.items()):
+        short = ("-m",) if name == "model" else ()
+        command = click.option(f"--{name.replace('_', '-')}", *short, name, default=None, help=text)(command)
+    return command  # type: ignore[return-value]
+
+
 def selector_options(func: F) -> F:
-    """Add the repeatable selector flags and trailing ``key=value`` overrides to a command."""
+    """Add the repeatable selector flags, NeMo Gym's model flags and trailing ``key=value``
+    overrides (Hydra's ``key=``, ``+key=``, ``++key=``) to a command."""
+    func = _with_model_flags(func)
     func = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")(func)
     func = click.option(
         "--config", "configs", multiple=True, metavar="PATH", help="A config file to merge (repeatable)."

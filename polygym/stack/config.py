@@ -612,8 +612,17 @@ def load_config(
         _check_references(stack, entry, inner, instances)
     if stack.problems:
         raise ConfigError(stack.problems)
+    unused = _unused_globals(stack, raw, entries, {_display(Path(path)) for path in env})
+    refused = [name for name in unused if stack.origin(name) == COMMAND_LINE]
+    if refused:
+        raise ConfigError(
+            [f"override of '{name}' cannot be honoured: no server of this stack uses it" for name in refused]
+        )
     config = _build(stack, entries, [source for source, _ in files])
-    config.warnings = _unused_globals(stack, raw, entries, {_display(Path(path)) for path in env})
+    config.warnings = [
+        f"{name}: not used by any server of this stack, ignored (from {stack.origin(name)})"
+        for name in unused
+    ]
     config.relays = dict(stack.relays)
     return config
 
@@ -628,17 +637,18 @@ def _apply_directives(stack: _Stack) -> None:
 
 
 def _unused_globals(stack: _Stack, raw: dict[str, Any], entries: list[_Entry], env: set[str]) -> list[str]:
-    """A warning for each top-level value that is not a server and that no ``${...}`` uses.
+    """Top-level values that are not servers and that no ``${...}`` uses.
 
-    A warning, not an error: NeMo Gym configs routinely carry values for other programs that read
-    the same file (a trainer's ``policy_model_name``, ``hf_token`` ...), so refusing them would
-    refuse working configs; but a value polygym drops must not pass unmentioned either. env.yaml
+    From a file these are a warning, not an error: NeMo Gym configs routinely carry values for
+    other programs that read the same file (a trainer's settings, ``hf_token`` ...), so refusing
+    them would refuse working configs; but a value polygym drops must not pass unmentioned either.
+    From the command line they are an error: the user asked for this run to change. env.yaml
     values are exempt: that file is a shared store of values for many configs.
     """
     servers = {entry.name for entry in entries} | set(stack.relays)
     used = _referenced_keys(raw)
     return [
-        f"{name}: not used by any server of this stack, ignored (from {stack.origin(str(name))})"
+        str(name)
         for name in raw
         if name not in servers and name not in used and stack.origin(str(name)) not in env
     ]
