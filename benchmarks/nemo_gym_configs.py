@@ -2,7 +2,7 @@
 
 Loads every config file of an unpacked NeMo Gym wheel from the wheel's root (so its server folders
 are the implementations), as NeMo Gym's quickstart runs one: after the ``openai_model`` config that
-defines ``policy_model`` (unless the file is a model config itself), with an env.yaml holding the
+defines ``policy_model`` when the file does not define it itself, with an env.yaml holding the
 three values the quickstart asks every user to set. Each file ends up accepted, refused with a
 ConfigError (a clear message), or crashed (any other exception: a polygym bug). Refusals are
 counted by their first problem's reason so the remaining gaps are visible.
@@ -38,6 +38,16 @@ def config_files(root: Path) -> Iterator[Path]:
         yield from sorted(root.glob(f"{kind}/*/config*.yaml"))
 
 
+def load_one(relative: Path, env: Path) -> None:
+    """Load one file; when it only lacks the policy model, again after the openai_model config."""
+    try:
+        load_config([relative], env_files=[env])
+    except ConfigError as exc:
+        if not any("server 'policy_model'" in problem for problem in exc.problems):
+            raise
+        load_config([POLICY, relative], env_files=[env])
+
+
 def reason(problem: str) -> str:
     """A problem's kind, without the names in it, so refusals group."""
     text = re.sub(r"'[^']*'", "'…'", problem.split(": ", 1)[-1])
@@ -57,9 +67,7 @@ def main() -> None:
         env.write_text(ENV_YAML)
         for path in config_files(root):
             try:
-                relative = path.relative_to(root)
-                policy = [] if relative.parts[0] == "responses_api_models" else [POLICY]
-                load_config([*policy, relative], env_files=[env])
+                load_one(path.relative_to(root), env)
                 counts["accepted"] += 1
             except ConfigError as exc:
                 counts["refused"] += 1

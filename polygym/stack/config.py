@@ -491,7 +491,8 @@ def _check_implementation(stack: _Stack, name: str, kind: str, impls: Any) -> _E
     try:
         directory: Path | None = catalog.find_implementation_dir(kind, implementation)
     except ConfigError:
-        directory = None
+        directory = catalog.folder_of_config(kind, Path(stack.origin(f"{path}.{implementation}")))
+    if directory is None:
         stack.problems.append(
             f"{path}: " + catalog.describe_missing_implementation(kind, implementation, origin)
         )

@@ -478,3 +478,18 @@ def test_unused_top_level_value_is_a_warning_naming_it(project: Path) -> None:
     write(project / "a.yaml", RESOURCES + MODEL + "trainer_lr: 0.1\n")
     config = load(["a.yaml"], env=[write(project / "env.yaml", ENV + "shared_unused: 1\n")])
     assert config.warnings == ["trainer_lr: not used by any server of this stack, ignored (from a.yaml)"]
+
+
+def test_implementation_named_after_a_variant_runs_the_folder_holding_its_config(project: Path) -> None:
+    """resources_servers/weather_env/configs/weather_arctic.yaml declares ``weather_arctic``: the
+    code is weather_env's, as in NeMo Gym's ns_tools variants; a bare typo is still refused."""
+    variant = RESOURCES.replace("    weather_env:\n", "    weather_arctic:\n")
+    write(project / "resources_servers/weather_env/configs/weather_arctic.yaml", variant)
+    write(project / "model.yaml", MODEL)
+    env = [write(project / "env.yaml", ENV)]
+    config = load(["model.yaml", "resources_servers/weather_env/configs/weather_arctic.yaml"], env=env)
+    assert config.servers["weather"].directory == project / "resources_servers/weather_env"
+    write(project / "typo.yaml", variant)
+    with pytest.raises(ConfigError) as excinfo:
+        load(["model.yaml", "typo.yaml"], env=env)
+    assert any("unknown resources_servers implementation 'weather_arctic'" in p for p in problems_of(excinfo))
