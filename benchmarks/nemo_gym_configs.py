@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
+import contextlib
 import re
 import tempfile
 from collections.abc import Iterator
@@ -54,15 +54,13 @@ def reason(problem: str) -> str:
     return re.sub(r"\(from [^)]*\)|\(searched [^)]*\)|Known: .*|Did you mean .*", "", text).strip()[:90]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("wheel_root", type=Path, help="An unpacked NeMo Gym wheel.")
-    args = parser.parse_args()
-    root = args.wheel_root.resolve()
-    os.chdir(root)
+def measure(root: Path) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    """Outcome counts (accepted / refused / crashed) and refusal reasons for an unpacked wheel.
+
+    Changes the working directory to ``root`` (configs name paths relative to it) and back."""
     counts: collections.Counter[str] = collections.Counter()
     reasons: collections.Counter[str] = collections.Counter()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(root):
         env = Path(tmp) / "env.yaml"
         env.write_text(ENV_YAML)
         for path in config_files(root):
@@ -75,6 +73,13 @@ def main() -> None:
             except Exception as exc:  # a crash is what this measures
                 counts["crashed"] += 1
                 reasons[f"CRASH {type(exc).__name__}: {str(exc)[:70]}"] += 1
+    return counts, reasons
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("wheel_root", type=Path, help="An unpacked NeMo Gym wheel.")
+    counts, reasons = measure(parser.parse_args().wheel_root.resolve())
     total = sum(counts.values())
     print(f"{total} files: " + ", ".join(f"{k} {counts[k]}" for k in ("accepted", "refused", "crashed")))
     for text, count in reasons.most_common(25):
