@@ -21,7 +21,7 @@ from rich.console import Console
 from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
 from polygym.protocol import MODEL_KIND
 from polygym.stack.catalog import selector_paths
-from polygym.stack.config import ConfigError, StackConfig, load_config
+from polygym.stack.config import CONFIG_PATHS, ConfigError, StackConfig, load_config
 from polygym.suggest import unknown_name_message
 
 T = TypeVar("T")
@@ -118,13 +118,15 @@ def load_stack_config(
     """Resolve selectors and load the merged config, exiting with every problem listed.
 
     Without ``--model-type``, and when no selected file declares a model server, the embedded
-    ``local_model`` is the policy: the stack then runs with nothing but installed packages.
+    ``local_model`` is the policy: the stack then runs with nothing but installed packages. A
+    NeMo Gym ``+config_paths=[...]`` override selects files too (and names its own model).
     """
     try:
         paths = selector_paths(list(resources_servers), list(model_types), list(configs))
-        if paths and not model_types and not defines_model_server(paths):
+        includes = any(text.lstrip("+").startswith(f"{CONFIG_PATHS}=") for text in overrides)
+        if paths and not includes and not model_types and not defines_model_server(paths):
             paths = selector_paths([], [DEFAULT_MODEL_TYPE], []) + paths
-        if not paths:
+        if not paths and not includes:
             raise ConfigError(
                 ["nothing selected: pass --resources-server NAME, --model-type TYPE or --config PATH"]
             )

@@ -66,3 +66,16 @@ def test_model_flag_no_config_uses_exits_2() -> None:
     result = CliRunner().invoke(gym, args, catch_exceptions=False)
     assert result.exit_code == 2
     assert "'policy_model_name' cannot be honoured" in result.stderr
+
+
+def test_config_paths_override_selects_the_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NeMo Gym's way of choosing configs: `gym env resolve "+config_paths=[a.yaml,b.yaml]"`."""
+    files = "responses_api_models/scripted_model/configs/scripted_model.yaml"
+    files += ",resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
+    with CliRunner().isolated_filesystem():
+        result = CliRunner().invoke(
+            gym, ["env", "resolve", f"+config_paths=[{files}]"], catch_exceptions=False
+        )
+    assert result.exit_code == 0, result.output
+    assert "scripted_model:" in result.stdout and "example_single_tool_call_simple_agent:" in result.stdout
+    assert "local_model" not in result.stdout
