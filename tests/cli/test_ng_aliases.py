@@ -72,10 +72,8 @@ def test_config_paths_override_selects_the_files(tmp_path: Path, monkeypatch: py
     """NeMo Gym's way of choosing configs: `gym env resolve "+config_paths=[a.yaml,b.yaml]"`."""
     files = "responses_api_models/scripted_model/configs/scripted_model.yaml"
     files += ",resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
-    with CliRunner().isolated_filesystem():
-        result = CliRunner().invoke(
-            gym, ["env", "resolve", f"+config_paths=[{files}]"], catch_exceptions=False
-        )
+    monkeypatch.chdir(tmp_path)  # the files are found under polygym's project root
+    result = CliRunner().invoke(gym, ["env", "resolve", f"+config_paths=[{files}]"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "scripted_model:" in result.stdout and "example_single_tool_call_simple_agent:" in result.stdout
     assert "local_model" not in result.stdout
