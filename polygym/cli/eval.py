@@ -230,12 +230,14 @@ def run(ctx: click.Context, **opts: Any) -> None:
           --input data.jsonl --output results/out.jsonl
     """
     refuse_given(ctx, NEMO_GYM_ONLY)
-    apply_row_overrides(ctx, opts)
+    from_overrides = apply_row_overrides(ctx, opts)
     if (opts["input_path"] is None) == (opts["blend_path"] is None):
         fail("pass exactly one of --input FILE or --blend SPEC", EXIT_USAGE)
     if opts["output_path"] is None:
         fail("pass --output FILE (or +output_jsonl_fpath=FILE)", EXIT_USAGE)
     refuse_given(ctx, NOT_WITH_BLEND if opts["blend_path"] is not None else BLEND_ONLY)
+    if opts["blend_path"] is not None:
+        _refuse_with_blend(from_overrides)
     settings = EvalRunSettings.from_options(opts)
     if settings.blend is None:
         sys.exit(run_async(_run(stack_target(opts), settings)))
@@ -288,10 +290,22 @@ _ROW_OPTION_PARAM = {
 }
 
 
-def apply_row_overrides(ctx: click.Context, opts: dict[str, Any]) -> None:
+def _refuse_with_blend(from_overrides: dict[str, str]) -> None:
+    """What ``refuse_given`` does for flags, for the same settings given as NeMo Gym overrides."""
+    problems = [
+        f"override '{text}' {NOT_WITH_BLEND[name]}"
+        for name, text in from_overrides.items()
+        if name in NOT_WITH_BLEND
+    ]
+    if problems:
+        fail("\n".join(problems), EXIT_USAGE)
+
+
+def apply_row_overrides(ctx: click.Context, opts: dict[str, Any]) -> dict[str, str]:
     """Take NeMo Gym's collection overrides (``+num_repeats=3``, ``++responses_create_params.x=v``)
     out of ``opts["overrides"]`` and into the options they mean; exit 2 on one that cannot be
-    honoured, or that repeats an option also given as a flag (which one to use would be a guess)."""
+    honoured, or that repeats an option also given as a flag (which one to use would be a guess).
+    Returns the options it set, each with the override's text."""
     try:
         parsed = [
             (text, key, value) for text in opts["overrides"] for key, value, _ in [parse_override(text)]
@@ -307,6 +321,7 @@ def apply_row_overrides(ctx: click.Context, opts: dict[str, Any]) -> None:
         fail("\n".join(problems), EXIT_USAGE)
     opts["overrides"] = tuple(config_overrides)
     opts["row_sampling"] = row.sampling
+    return {_ROW_OPTION_PARAM[flag]: text for flag, (text, _) in row.options.items()}
 
 
 ROW_PARAMS_FLAG = f"{ROW_PARAMS}."

@@ -11,6 +11,7 @@ from polygym.cli import gym
 from polygym.collect.row_overrides import split_overrides
 from polygym.jsonl import iter_jsonl
 from polygym.stack.catalog import project_root
+from tests.conftest import TWO_ENV_SPEC
 
 ENV = ("--model-type", "scripted_model", "--resources-server", "example_single_tool_call")
 
@@ -91,4 +92,14 @@ def test_what_cannot_be_honoured_exits_2_naming_it(
     result = eval_run(*ENV, "-i", str(ten_rows), "-o", str(out), *args)
     assert result.exit_code == 2, result.output
     assert named in result.stderr
+    assert not out.exists()
+
+
+def test_row_override_that_blend_does_not_use_exits_2(tmp_path: Path) -> None:
+    spec = tmp_path / "blend.yaml"
+    spec.write_text(TWO_ENV_SPEC)
+    out = tmp_path / "o.jsonl"
+    result = eval_run("--blend", str(spec), "--steps", "1", "-o", str(out), "+num_repeats=3")
+    assert result.exit_code == 2
+    assert "override '+num_repeats=3' does not apply with --blend" in result.stderr
     assert not out.exists()
