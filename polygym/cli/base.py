@@ -7,6 +7,7 @@ they name is merged, in that order, then ``key=value`` overrides from the comman
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -20,7 +21,7 @@ from rich.console import Console
 from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
 from polygym.protocol import MODEL_KIND
 from polygym.stack.catalog import selector_paths
-from polygym.stack.config import ConfigError, StackConfig, load_config
+from polygym.stack.config import CONFIG_PATHS, ConfigError, StackConfig, load_config
 from polygym.suggest import unknown_name_message
 
 T = TypeVar("T")
@@ -41,8 +42,36 @@ class SuggestingGroup(click.Group):
         return super().resolve_command(ctx, args)
 
 
+MODEL_FLAGS = {
+    "model": ("policy_model_name", "Model name (sets ${policy_model_name}, as NeMo Gym's --model does)."),
+    "model_url": ("policy_base_url", "Model server base URL (sets ${policy_base_url})."),
+    "model_api_key": ("policy_api_key", "Model server API key (sets ${policy_api_key})."),
+}
+"""NeMo Gym's model flags: each sets the global its model configs interpolate. A stack whose
+configs do not use it refuses the flag (exit 2) instead of ignoring it (``load_config``)."""
+
+
+def _with_model_flags(func: F) -> F:
+    """Fold ``--model``/``--model-url``/``--model-api-key`` into the overrides, first, so that an
+    explicit ``++policy_model_name=...`` on the same command line still wins, as in NeMo Gym."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        given = [(key, kwargs.pop(name)) for name, (key, _) in MODEL_FLAGS.items()]
+        flags = tuple(f"++{key}={value}" for key, value in given if value is not None)
+        kwargs["overrides"] = (*flags, *kwargs["overrides"])
+        return func(*args, **kwargs)
+
+    for name, (_, text) in reversed(MODEL_FLAGS.items()):
+        short = ("-m",) if name == "model" else ()
+        command = click.option(f"--{name.replace('_', '-')}", *short, name, default=None, help=text)(command)
+    return command  # type: ignore[return-value]
+
+
 def selector_options(func: F) -> F:
-    """Add the repeatable selector flags and trailing ``key=value`` overrides to a command."""
+    """Add the repeatable selector flags, NeMo Gym's model flags and trailing ``key=value``
+    overrides (Hydra's ``key=``, ``+key=``, ``++key=``) to a command."""
+    func = _with_model_flags(func)
     func = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")(func)
     func = click.option(
         "--config", "configs", multiple=True, metavar="PATH", help="A config file to merge (repeatable)."
@@ -89,19 +118,24 @@ def load_stack_config(
     """Resolve selectors and load the merged config, exiting with every problem listed.
 
     Without ``--model-type``, and when no selected file declares a model server, the embedded
-    ``local_model`` is the policy: the stack then runs with nothing but installed packages.
+    ``local_model`` is the policy: the stack then runs with nothing but installed packages. A
+    NeMo Gym ``+config_paths=[...]`` override selects files too (and names its own model).
     """
     try:
         paths = selector_paths(list(resources_servers), list(model_types), list(configs))
-        if paths and not model_types and not defines_model_server(paths):
+        includes = any(text.lstrip("+").startswith(f"{CONFIG_PATHS}=") for text in overrides)
+        if paths and not includes and not model_types and not defines_model_server(paths):
             paths = selector_paths([], [DEFAULT_MODEL_TYPE], []) + paths
-        if not paths:
+        if not paths and not includes:
             raise ConfigError(
                 ["nothing selected: pass --resources-server NAME, --model-type TYPE or --config PATH"]
             )
-        return load_config(paths, list(overrides))
+        config = load_config(paths, list(overrides))
     except ConfigError as exc:
         fail(str(exc), exc.exit_code)
+    for warning in config.warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    return config
 
 
 GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)

@@ -22,6 +22,7 @@ from polygym.cli.base import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    GIVEN,
     SuggestingGroup,
     console,
     fail,
@@ -48,6 +49,7 @@ from polygym.collect.reverify import (
     reverify,
 )
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, MAX_CONCURRENCY, Limits
+from polygym.collect.row_overrides import ROW_PARAMS, RowOverrides, split_overrides
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
 from polygym.collect.sampling import sampling_problems
 from polygym.collect.stack_watch import SERVER_DIED, StackHealth
@@ -56,7 +58,7 @@ from polygym.protocol import AGENT_KIND
 from polygym.redact import redact_argv
 from polygym.row import ALL_ENVS, env_label
 from polygym.stack import records as stacks
-from polygym.stack.config import ConfigError, StackConfig
+from polygym.stack.config import ConfigError, StackConfig, parse_override
 from polygym.stack.launcher import BACKENDS, LaunchError, Stack, SubprocessBackend
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
@@ -126,7 +128,7 @@ POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
 
 @eval_group.command("run")
 @selector_options
-@click.option("--input", "input_path", type=click.Path(path_type=Path), help="Dataset JSONL.")
+@click.option("--input", "-i", "input_path", type=click.Path(path_type=Path), help="Dataset JSONL.")
 @click.option(
     "--blend",
     "blend_path",
@@ -150,9 +152,11 @@ POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
     help="Seconds per step with --blend; unfinished rollouts are recorded as stragglers.",
 )
 @click.option(
-    "--output", "output_path", required=True, type=click.Path(path_type=Path), help="Rollouts JSONL."
+    "--output", "-o", "output_path", type=click.Path(path_type=Path), help="Rollouts JSONL (required)."
 )
-@click.option("--agent", default=None, help="Agent for rows without agent_ref [default: the only agent].")
+@click.option(
+    "--agent", "-a", default=None, help="Agent for rows without agent_ref [default: the only agent]."
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N rows.")
 @click.option(
     "--num-repeats",
@@ -213,6 +217,12 @@ POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
 @click.option("--max-output-tokens", type=int, default=None, help="Override every row's max_output_tokens.")
 @click.option("--seed", type=int, default=None, help="Sampling seed; repeat r of a row uses SEED + r.")
 @click.option(
+    "--split", default=None, help="NeMo Gym's dataset split: refused (pass the split's JSONL as --input)."
+)
+@click.option(
+    "--prompt-config", default=None, help="NeMo Gym's prompt template: refused (rows hold their prompts)."
+)
+@click.option(
     "--progress-interval",
     type=POSITIVE_SECONDS,
     default=10.0,
@@ -230,10 +240,16 @@ def run(ctx: click.Context, **opts: Any) -> None:
       gym eval run --model-type openai_model --resources-server example_single_tool_call \\
           --input data.jsonl --output results/out.jsonl
     """
+    refuse_given(ctx, NEMO_GYM_ONLY)
+    from_overrides = apply_row_overrides(ctx, opts)
     if (opts["input_path"] is None) == (opts["blend_path"] is None):
         fail("pass exactly one of --input FILE or --blend SPEC", EXIT_USAGE)
+    if opts["output_path"] is None:
+        fail("pass --output FILE (or +output_jsonl_fpath=FILE)", EXIT_USAGE)
     refuse_given(ctx, NOT_WITH_BLEND if opts["blend_path"] is not None else BLEND_ONLY)
     refuse_when_joining(ctx, opts)
+    if opts["blend_path"] is not None:
+        _refuse_with_blend(from_overrides)
     settings = EvalRunSettings.from_options(opts)
     if settings.blend is None:
         sys.exit(run_async(_run(stack_target(opts), settings)))
@@ -268,6 +284,78 @@ NOT_WITH_BLEND = {
 """Options of ``gym eval run`` that only mean something for ``--input``, and why."""
 BLEND_ONLY = {name: "only applies with --blend SPEC" for name in ("steps", "start_step", "step_timeout_s")}
 """Options of ``gym eval run`` that only mean something for ``--blend``."""
+NEMO_GYM_ONLY = {
+    "split": "cannot be honoured: polygym does not prepare datasets by split; pass the split's JSONL "
+    "with --input",
+    "prompt_config": "cannot be honoured: polygym does not render prompt templates; pass rows that "
+    "hold their prompts",
+}
+"""NeMo Gym's ``gym eval run`` flags that polygym accepts only to refuse by name (exit 2)."""
+
+_ROW_OPTION_PARAM = {
+    "--num-repeats": "num_repeats",
+    "--limit": "limit",
+    "--agent": "agent",
+    "--input": "input_path",
+    "--output": "output_path",
+    "--concurrency": "concurrency",
+}
+
+
+def _refuse_with_blend(from_overrides: dict[str, str]) -> None:
+    """What ``refuse_given`` does for flags, for the same settings given as NeMo Gym overrides."""
+    problems = [
+        f"override '{text}' {NOT_WITH_BLEND[name]}"
+        for name, text in from_overrides.items()
+        if name in NOT_WITH_BLEND
+    ]
+    if problems:
+        fail("\n".join(problems), EXIT_USAGE)
+
+
+def apply_row_overrides(ctx: click.Context, opts: dict[str, Any]) -> dict[str, str]:
+    """Take NeMo Gym's collection overrides (``+num_repeats=3``, ``++responses_create_params.x=v``)
+    out of ``opts["overrides"]`` and into the options they mean; exit 2 on one that cannot be
+    honoured, or that repeats an option also given as a flag (which one to use would be a guess).
+    Returns the options it set, each with the override's text."""
+    try:
+        parsed = [
+            (text, key, value) for text in opts["overrides"] for key, value, _ in [parse_override(text)]
+        ]
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+    config_overrides, row = split_overrides(parsed)
+    problems = list(row.refused) + _take_row_options(ctx, opts, row)
+    for key in row.sampling:
+        if key in SAMPLING_OPTIONS and opts[key] is not None:
+            problems.append(f"{ROW_PARAMS_FLAG}{key} and --{key.replace('_', '-')} both set {key}: pass one")
+    if problems:
+        fail("\n".join(problems), EXIT_USAGE)
+    opts["overrides"] = tuple(config_overrides)
+    opts["row_sampling"] = row.sampling
+    return {_ROW_OPTION_PARAM[flag]: text for flag, (text, _) in row.options.items()}
+
+
+ROW_PARAMS_FLAG = f"{ROW_PARAMS}."
+
+
+def _take_row_options(ctx: click.Context, opts: dict[str, Any], row: RowOverrides) -> list[str]:
+    problems = []
+    for flag, (text, value) in row.options.items():
+        name = _ROW_OPTION_PARAM[flag]
+        if ctx.get_parameter_source(name) in GIVEN:
+            problems.append(f"override '{text}' and {flag} set the same thing: pass one")
+        elif name in ("num_repeats", "concurrency"):
+            opts[name] = (str(value),)
+        elif name == "limit":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"override '{text}': limit must be a whole number of at least 1")
+            opts[name] = value
+        elif name in ("input_path", "output_path"):
+            opts[name] = Path(str(value))
+        else:
+            opts[name] = str(value)
+    return problems
 
 
 @dataclass(frozen=True)
@@ -312,9 +400,11 @@ class EvalRunSettings:
         """Parse click's options (``N|AGENT=N`` values included); exits 2 on a bad value."""
         repeats, repeats_by_agent = parse_per_agent(opts["num_repeats"], "--num-repeats", MAX_NUM_REPEATS)
         concurrency, per_agent = parse_per_agent(opts["concurrency"], "--concurrency", MAX_CONCURRENCY)
-        sampling = {key: opts[key] for key in SAMPLING_OPTIONS if opts[key] is not None}
+        flags = {key: opts[key] for key in SAMPLING_OPTIONS if opts[key] is not None}
+        sampling = {**opts.get("row_sampling", {}), **flags}
         for key, problem in sampling_problems(sampling):
-            raise click.BadParameter(problem, param_hint=f"--{key.replace('_', '-')}")
+            hint = f"--{key.replace('_', '-')}" if key in flags else f"{ROW_PARAMS_FLAG}{key}"
+            raise click.BadParameter(problem, param_hint=hint)
         return cls(
             output=opts["output_path"],
             materialization=Materialization(repeats or 1, repeats_by_agent, sampling, opts["seed"]),

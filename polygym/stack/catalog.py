@@ -104,6 +104,20 @@ def find_implementation_dir(kind: str, implementation: str) -> Path:
     return found
 
 
+def folder_of_config(kind: str, config_file: Path) -> Path | None:
+    """The server folder ``<kind>/<folder>/`` whose ``configs/`` holds ``config_file``, if any.
+
+    NeMo Gym configs may name an implementation that is not a folder name: a folder ships several
+    variants (``resources_servers/ns_tools/configs/ns_tools_arxiv.yaml`` declares ``ns_tools_arxiv``),
+    all run by that folder's code. The folder that holds the config file is then the implementation.
+    """
+    parent = config_file.resolve().parent
+    if parent.name != "configs" or parent.parent.parent.name != kind:
+        return None
+    folder = parent.parent
+    return folder if (folder / "app.py").is_file() or any(folder.glob("*.py")) else None
+
+
 def _selector_path(kind: str, name: str, flag: str, problems: list[str]) -> Path | None:
     """``<kind>/<name>/configs/<name>.yaml``, or None after recording why it is not there."""
     folder = _find(kind, name)

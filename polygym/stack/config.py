@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,15 @@ from polygym import redact
 from polygym.errors import ConfigError
 from polygym.stack import catalog
 from polygym.stack.catalog import SERVER_KINDS, describe_unknown
+from polygym.stack.directives import apply_directives
 from polygym.suggest import closest
 
 MISSING = "???"
 COMMAND_LINE = "command line"
+CONFIG_PATHS = "config_paths"
+ENVIRONMENT_SERVERS = "environment_servers"
+LEGACY_RELAY = "legacy_agent"
+AGENT_KIND = "responses_api_agents"
 
 _ABSENT = object()  # "no such key", distinct from a key whose value is None
 _UNRESOLVED = object()  # a value that could not be resolved; its problem is already recorded
@@ -66,6 +71,10 @@ class StackConfig:
     servers: dict[str, ServerSpec]
     globals: dict[str, Any]
     sources: list[str]
+    warnings: list[str] = field(default_factory=list)
+    relays: dict[str, str] = field(default_factory=dict)
+    """NeMo Gym ``legacy_agent`` environment servers -> the agent each relays to (not started)."""
+    """Top-level values no server uses (see ``_unused_globals``); the CLI prints them."""
 
     def by_kind(self, kind: str) -> list[ServerSpec]:
         """Servers of one kind, in file order."""
@@ -219,18 +228,23 @@ def _bad_interpolations(data: Any) -> list[str]:
 
 
 def parse_override(text: str) -> tuple[str, Any, bool]:
-    """Split ``key=value`` / ``+key=value`` into ``(key, value, add)``.
+    """Split ``key=value`` / ``+key=value`` / ``++key=value`` into ``(key, value, add)``.
+
+    Hydra's meanings: ``key=`` changes a key that exists, ``+key=`` adds one, ``++key=`` adds or
+    changes. ``add`` is true for both prefixed forms (neither needs the key to exist); a ``+key=``
+    whose key exists is accepted as well, since in a merged stack which file set it is incidental.
 
     The value is read as a YAML scalar or flow collection (``3``, ``true``, ``[1, 2]``, ``{a: 1}``), so
     types match what the same text would mean in a file. Text that only looks like block YAML
     (``a: b``) or is not YAML at all stays a string, and an empty value is the empty string.
     """
-    add = text.startswith("+")
-    key, sep, raw = (text[1:] if add else text).partition("=")
+    body = text.lstrip("+")
+    add = body != text
+    key, sep, raw = body.partition("=")
     key = key.strip()
-    if not sep or not _OVERRIDE_KEY.fullmatch(key):
+    if len(text) - len(body) > 2 or not sep or not _OVERRIDE_KEY.fullmatch(key):
         raise ConfigError(
-            [f"bad override '{text}': expected key=value or +key=value (key dotted, e.g. a.b=1)"]
+            [f"bad override '{text}': expected key=value, +key=value or ++key=value (key dotted, e.g. a.b=1)"]
         )
     return key, _override_value(raw, text), add
 
@@ -290,6 +304,7 @@ class _Stack:
     merged: DictConfig
     provenance: _Provenance
     problems: list[str]
+    relays: dict[str, str] = field(default_factory=dict)
 
     def raw(self) -> dict[str, Any]:
         return OmegaConf.to_container(self.merged, resolve=False)  # type: ignore[return-value]
@@ -398,6 +413,9 @@ def _classify(stack: _Stack, raw: dict[str, Any]) -> tuple[list[_Entry], dict[st
     for name, value in raw.items():
         if not isinstance(value, dict):
             continue
+        if ENVIRONMENT_SERVERS in value:
+            _check_environment_server(stack, str(name), value, raw)
+            continue
         kinds = [key for key in value if key in SERVER_KINDS]
         if not kinds:
             _check_kind_typo(stack, str(name), value)
@@ -415,6 +433,34 @@ def _classify(stack: _Stack, raw: dict[str, Any]) -> tuple[list[_Entry], dict[st
         if entry is not None:
             entries.append(entry)
     return entries, instances
+
+
+def _check_environment_server(stack: _Stack, name: str, value: dict[Any, Any], raw: dict[str, Any]) -> None:
+    """NeMo Gym 0.7's ``environment_servers``: only the ``legacy_agent`` relay is understood.
+
+    That relay forwards each rollout to one agent unchanged, which is what polygym does without it
+    (rows reach their agent directly), so it is recorded in ``StackConfig.relays`` and not started.
+    Any other environment server runs episodes polygym's agents do not, so it is refused by name.
+    """
+    impls = value[ENVIRONMENT_SERVERS]
+    impl = next(iter(impls), None) if isinstance(impls, dict) and len(impls) == 1 else None
+    inner = impls.get(impl) if isinstance(impls, dict) and impl is not None else None
+    target = inner.get("agent_server") if isinstance(inner, dict) else None
+    agent = target.get("name") if isinstance(target, dict) else None
+    block = raw.get(agent) if isinstance(agent, str) else None
+    is_agent = isinstance(block, dict) and AGENT_KIND in block
+    if impl == LEGACY_RELAY and len(value) == 1 and is_agent:
+        stack.relays[name] = str(agent)
+        return
+    why = (
+        f"its agent_server names '{agent}', which is not a responses_api_agents instance"
+        if impl == LEGACY_RELAY
+        else f"only its '{LEGACY_RELAY}' relay is supported (to an agent); this one is '{impl}'"
+    )
+    stack.problems.append(
+        f"{name}: '{ENVIRONMENT_SERVERS}' (NeMo Gym 0.7's environment-server kind): {why} "
+        f"(from {stack.origin(name)})"
+    )
 
 
 def _check_kind_typo(stack: _Stack, name: str, value: dict[Any, Any]) -> None:
@@ -445,7 +491,8 @@ def _check_implementation(stack: _Stack, name: str, kind: str, impls: Any) -> _E
     try:
         directory: Path | None = catalog.find_implementation_dir(kind, implementation)
     except ConfigError:
-        directory = None
+        directory = catalog.folder_of_config(kind, Path(stack.origin(f"{path}.{implementation}")))
+    if directory is None:
         stack.problems.append(
             f"{path}: " + catalog.describe_missing_implementation(kind, implementation, origin)
         )
@@ -470,23 +517,76 @@ def _check_references(stack: _Stack, entry: _Entry, inner: Any, instances: dict[
 # ------------------------------------------------------------------------------------------- public
 
 
+def _include_dirs() -> list[Path]:
+    """Where a relative ``config_paths`` entry is looked for: the working directory, then polygym's
+    project root (NeMo Gym looks in the working directory, then its install root)."""
+    return [Path.cwd(), catalog.project_root()]
+
+
+def _find_include(entry: Any, shown: str, problems: list[str]) -> Path | None:
+    if not isinstance(entry, str) or not entry.strip():
+        problems.append(f"{shown}: {CONFIG_PATHS} entries must be paths, got {entry!r}")
+        return None
+    path = Path(entry).expanduser()
+    candidates = [path] if path.is_absolute() else [root / path for root in _include_dirs()]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    looked = ", ".join(str(candidate) for candidate in candidates)
+    problems.append(f"{shown}: {CONFIG_PATHS} entry '{entry}' not found (looked in {looked})")
+    return None
+
+
+def _include_list(value: Any, shown: str, problems: list[str]) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        problems.append(f"{shown}: {CONFIG_PATHS} must be a list of paths, got {value!r}")
+        return []
+    return value
+
+
+def _with_includes(
+    path: Path, problems: list[str], seen: set[Path], includes: Any = _ABSENT
+) -> list[tuple[str, dict[str, Any]]]:
+    """``path``'s ``config_paths`` files (each after its own), then ``path``: a file overrides what it
+    includes, and a later include overrides an earlier one, as in NeMo Gym. A file already merged
+    is not merged again, which also stops include cycles. ``includes`` given: only those files, for
+    a ``config_paths`` override (``path`` then only names it in messages)."""
+    shown = _display(path)
+    data = _load_file(path, problems) if includes is _ABSENT else {}
+    if data is None:
+        return []
+    out: list[tuple[str, dict[str, Any]]] = []
+    listed = data.pop(CONFIG_PATHS, None) if includes is _ABSENT else includes
+    for entry in _include_list(listed, shown, problems):
+        found = _find_include(entry, shown, problems)
+        if found is not None and found.resolve() not in seen:
+            seen.add(found.resolve())
+            out.extend(_with_includes(found, problems, seen))
+    return [*out, (shown, data)] if includes is _ABSENT else out
+
+
 def _read_inputs(
     paths: Sequence[Path], overrides: Sequence[str], env_files: Sequence[Path]
 ) -> tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, str, Any, bool]], list[str]]:
-    """Parse files and overrides; any failure here stops loading since the merged view would be wrong."""
+    """Parse files (with their ``config_paths``) and overrides; any failure here stops loading since
+    the merged view would be wrong. A ``config_paths=[...]`` override names more files to merge
+    after ``paths``, as in NeMo Gym, instead of becoming a value."""
     problems: list[str] = []
-    files: list[tuple[str, dict[str, Any]]] = []
-    for path in [*env_files, *paths]:
-        data = _load_file(Path(path), problems)
-        if data is not None:
-            files.append((_display(Path(path)), data))
     parsed: list[tuple[str, str, Any, bool]] = []
     for text in overrides:
         try:
             parsed.append((text, *parse_override(text)))
         except ConfigError as exc:
             problems.extend(exc.problems)
-    return files, parsed, problems
+    seen = {Path(path).resolve() for path in [*env_files, *paths]}
+    files: list[tuple[str, dict[str, Any]]] = []
+    for path in [*env_files, *paths]:
+        files.extend(_with_includes(Path(path), problems, seen))
+    for text, _, value, _ in [item for item in parsed if item[1] == CONFIG_PATHS]:
+        files.extend(_with_includes(Path(text), problems, seen, value))
+    return files, [item for item in parsed if item[1] != CONFIG_PATHS], problems
 
 
 def load_config(
@@ -504,6 +604,7 @@ def load_config(
     stack = _Stack(OmegaConf.create({}), _Provenance(), [])
     _merge_files(stack, files)
     _apply_overrides(stack, parsed)
+    _apply_directives(stack)
     raw = stack.raw()
     entries, instances = _classify(stack, raw)
     scanned = _scan_values(stack, stack.merged, "", raw)
@@ -512,7 +613,46 @@ def load_config(
         _check_references(stack, entry, inner, instances)
     if stack.problems:
         raise ConfigError(stack.problems)
-    return _build(stack, entries, [source for source, _ in files])
+    unused = _unused_globals(stack, raw, entries, {_display(Path(path)) for path in env})
+    refused = [name for name in unused if stack.origin(name) == COMMAND_LINE]
+    if refused:
+        raise ConfigError(
+            [f"override of '{name}' cannot be honoured: no server of this stack uses it" for name in refused]
+        )
+    config = _build(stack, entries, [source for source, _ in files])
+    config.warnings = [
+        f"{name}: not used by any server of this stack, ignored (from {stack.origin(name)})"
+        for name in unused
+    ]
+    config.relays = dict(stack.relays)
+    return config
+
+
+def _apply_directives(stack: _Stack) -> None:
+    """Run NeMo Gym's ``_inherit_from`` / ``_copy`` / ``_delete_key`` over the merged config (after
+    the overrides, as NeMo Gym does, so an override can add a directive or change a source)."""
+    raw = stack.raw()
+    problems = apply_directives(raw)
+    stack.problems.extend(f"{problem} (from {stack.origin(problem.split(':')[0])})" for problem in problems)
+    stack.merged = OmegaConf.create(raw)
+
+
+def _unused_globals(stack: _Stack, raw: dict[str, Any], entries: list[_Entry], env: set[str]) -> list[str]:
+    """Top-level values that are not servers and that no ``${...}`` uses.
+
+    From a file these are a warning, not an error: NeMo Gym configs routinely carry values for
+    other programs that read the same file (a trainer's settings, ``hf_token`` ...), so refusing
+    them would refuse working configs; but a value polygym drops must not pass unmentioned either.
+    From the command line they are an error: the user asked for this run to change. env.yaml
+    values are exempt: that file is a shared store of values for many configs.
+    """
+    servers = {entry.name for entry in entries} | set(stack.relays)
+    used = _referenced_keys(raw)
+    return [
+        str(name)
+        for name in raw
+        if name not in servers and name not in used and stack.origin(str(name)) not in env
+    ]
 
 
 def _build(stack: _Stack, entries: list[_Entry], sources: list[str]) -> StackConfig:
@@ -522,6 +662,8 @@ def _build(stack: _Stack, entries: list[_Entry], sources: list[str]) -> StackCon
     global_values: dict[str, Any] = {}
     for name, value in resolved.items():
         entry = by_name.get(str(name))
+        if str(name) in stack.relays:
+            continue
         if entry is None:
             global_values[str(name)] = value
             continue

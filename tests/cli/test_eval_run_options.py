@@ -153,13 +153,18 @@ def test_the_rerun_hint_masks_secrets_and_says_so(tmp_path: Path, monkeypatch: p
     one_row(tmp_path)
     args = [*SCRIPTED, "--resources-server", "example_single_tool_call", "--input", "in.jsonl"]
     args += ["--output", "o.jsonl", "--timeout", "0.2"]
-    args += [f"{LATENCY}=30000", f"++policy_api_key={SECRET}"]
+    # A value no server used would be refused (exit 2), so the model reads the key.
+    uses_key = "+policy_model.responses_api_models.scripted_model.api_key=${policy_api_key}"
+    args += [f"{LATENCY}=30000", f"++policy_api_key={SECRET}", uses_key]
     monkeypatch.setattr(sys, "argv", ["gym", "eval", "run", *args])
     result = eval_run(*args)
     assert result.exit_code == 0, result.output
     shown = " ".join(result.output.split())
     assert "rerun them with: gym eval run" in shown
-    assert "'++policy_api_key=****' --resume (secret values masked: pass them again)" in shown
+    assert (
+        "'++policy_api_key=****' '+policy_model.responses_api_models.scripted_model.api_key=****' "
+        "--resume (secret values masked: pass them again)" in shown
+    )
     assert SECRET not in result.output
     [failure] = iter_jsonl(tmp_path / "o_failures.jsonl")
     assert failure["error_class"] == "Timeout" and "0.2s" in failure["error"]
