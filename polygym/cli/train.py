@@ -36,6 +36,7 @@ from polygym.net.client import ServerCallError
 from polygym.stack.config import ConfigError, StackConfig
 from polygym.stack.launcher import LaunchError
 from polygym.stack.session import StackSession, StackTarget
+from polygym.training.trl_adapter import GRADIENT_SHARES, GradientShare
 
 
 @click.group(cls=SuggestingGroup)
@@ -249,6 +250,16 @@ def passive_omp_threads() -> None:
 )
 @click.option("--train-layers", type=click.IntRange(min=1), default=None, help="Train only the top N blocks.")
 @click.option("--save-model", is_flag=True, help="Save the trained weights to OUTPUT/model.")
+@click.option(
+    "--gradient-share",
+    type=click.Choice(GRADIENT_SHARES),
+    default="tokens",
+    show_default=True,
+    help="How the loss splits between environments. tokens: every trained token weighs 1, so an "
+    "environment with longer episodes takes more of the gradient than of the prompts. plan: scale each "
+    "environment's per-token loss weight so its share of the gradient equals its planned share. "
+    "train_log.jsonl reports trained_token_share and gradient_share per environment and step.",
+)
 def run(
     spec_path: Path,
     overrides: tuple[str, ...],
@@ -265,6 +276,7 @@ def run(
     threads: int | None,
     train_layers: int | None,
     save_model: bool,
+    gradient_share: GradientShare,
 ) -> None:
     """Train a policy with GRPO (TRL) on the blend SPEC, on this machine, and compare validation.
 
@@ -299,6 +311,7 @@ def run(
         threads=threads,
         train_layers=train_layers,
         save_model=save_model,
+        gradient_share=gradient_share,
     )
     out = console()
     try:

@@ -21,7 +21,8 @@ Every rollout is also written to disk as by ``gym eval run --blend`` (``X.jsonl`
 The stats are what a training dashboard needs per environment and step: reward mean/std and pass
 rate, the share of zero-variance prompt groups (no GRPO signal), tokens (all and generated), turns,
 truncated episodes, masked rollouts (non-contiguous or without token ids), failures and stragglers,
-and the realized vs target share of the step.
+the realized vs target share of the step in prompts, and each environment's share of the step's
+trained tokens (``trained_token_share``) and of its loss weight (``gradient_share``).
 """
 
 from __future__ import annotations
@@ -75,6 +76,15 @@ class EnvTokenStats(EnvStepReport):
     non_contiguous: int
     reward_components: dict[str, float] = field(default_factory=dict)
     """Mean of each extra numeric verifier field over the completed rollouts."""
+    trained_token_share: float | None = None
+    """This environment's share of the step's trained tokens (``generated_tokens``: unmasked
+    completion tokens), i.e. its share of a token-averaged loss. Quotas are exact in prompts, not
+    in tokens: an environment with long episodes takes more of the gradient than of the prompts."""
+    loss_weight: float = 1.0
+    """Per-token loss weight the trainer gave this environment (``PolygymGRPO(gradient_share="plan")``)."""
+    gradient_share: float | None = None
+    """Share of the step's loss weight: ``generated_tokens x loss_weight`` over the step's total
+    (equal to ``trained_token_share`` when every weight is 1)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +140,19 @@ class TokenStep:
     def total(self) -> EnvTokenStats:
         return self.stats[ALL_ENVS]
 
+    def set_loss_weights(self, weights: dict[str, float]) -> None:
+        """Record the per-token loss weight of each environment (default 1.0) and the token and
+        gradient shares that follow from it."""
+        envs = {env: s for env, s in self.stats.items() if env != ALL_ENVS}
+        trained = sum(s.generated_tokens for s in envs.values())
+        weighted = sum(s.generated_tokens * weights.get(env, 1.0) for env, s in envs.items())
+        for env, stats in envs.items():
+            stats.loss_weight = weights.get(env, 1.0)
+            stats.trained_token_share = stats.generated_tokens / trained if trained else None
+            stats.gradient_share = stats.generated_tokens * stats.loss_weight / weighted if weighted else None
+        self.total.trained_token_share = 1.0 if trained else None
+        self.total.gradient_share = 1.0 if weighted else None
+
     def metrics(self, prefix: str = "polygym") -> dict[str, float]:
         """Flat ``{prefix}/{env}/{stat}`` values for a trainer's logs (``_all`` as ``all``)."""
         out = {}
@@ -157,7 +180,9 @@ def token_step(report: StepReport, input_keys: dict[str, set[str]] | None = None
         for env, env_report in report.envs.items()
     }
     stats[ALL_ENVS] = env_token_stats(report.total, rollouts)
-    return TokenStep(report.step, rollouts, stats, report)
+    step = TokenStep(report.step, rollouts, stats, report)
+    step.set_loss_weights({})
+    return step
 
 
 def _input_keys(blend: Blend) -> dict[str, set[str]]:

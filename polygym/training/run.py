@@ -47,6 +47,7 @@ from polygym.row import ALL_ENVS, Job, make_job, reward
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
 from polygym.training.collector import TokenCollector, TokenStep
+from polygym.training.trl_adapter import GradientShare
 
 POLICY_NAME = "policy"
 
@@ -71,6 +72,9 @@ class RunSettings:
     train_layers: int | None = None
     """Train only the top N transformer blocks (None: every parameter)."""
     save_model: bool = False
+    gradient_share: GradientShare = "tokens"
+    """"tokens": each trained token weighs 1 (an environment's gradient share follows its token
+    count); "plan": each environment's gradient share is its planned share (``trl_adapter``)."""
     trainer_overrides: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,9 +179,19 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             if env != ALL_ENVS and s.reward_mean is not None
         ]
         masked = step.total.masked
+        tokens = ", ".join(
+            f"{env} {s.trained_token_share:.0%}"
+            + (
+                f" (gradient {s.gradient_share:.0%})"
+                if s.loss_weight != 1.0 and s.gradient_share is not None
+                else ""
+            )
+            for env, s in step.stats.items()
+            if env != ALL_ENVS and s.trained_token_share is not None
+        )
         echo(
-            f"step {step.step}: reward {'; '.join(parts)}; {step.report.elapsed_s:.1f}s collect"
-            + (f"; {masked} masked" if masked else "")
+            f"step {step.step}: reward {'; '.join(parts)}; trained tokens {tokens}; "
+            f"{step.report.elapsed_s:.1f}s collect" + (f"; {masked} masked" if masked else "")
         )
 
     sampling: dict[str, Any] = {"temperature": settings.temperature}
@@ -207,7 +221,12 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             timings["validation_before_s"] = time.perf_counter() - t
             echo(f"validation before: {_rewards(before)} ({timings['validation_before_s']:.0f}s)")
 
-            grpo = PolygymGRPO(collector, settings.steps, on_step=on_step)
+            grpo = PolygymGRPO(
+                collector,
+                settings.steps,
+                on_step=on_step,
+                gradient_share=settings.gradient_share,
+            )
             trainer_settings = {
                 "learning_rate": settings.learning_rate,
                 "lr_scheduler_type": "constant",
@@ -259,9 +278,29 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         "failed_rollouts": sum(s.total.failures for s in steps),
         "truncated_rollouts": sum(s.total.truncated for s in steps),
         "truncated_turns": sum(s.total.truncated_turns for s in steps),
+        "token_shares": token_shares(steps),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(out, steps, comparison, timings, summary)
+
+
+def token_shares(steps: Sequence[TokenStep]) -> dict[str, dict[str, float | None]]:
+    """Per environment over the whole run: planned share of the prompts, share of the trained
+    tokens and share of the loss weight (what the gradient followed)."""
+    envs = [env for env in (steps[0].stats if steps else {}) if env != ALL_ENVS]
+    trained = sum(s.total.generated_tokens for s in steps)
+    weighted = sum(s.stats[e].generated_tokens * s.stats[e].loss_weight for s in steps for e in envs)
+    out: dict[str, dict[str, float | None]] = {}
+    for env in envs:
+        tokens = sum(s.stats[env].generated_tokens for s in steps)
+        weight = sum(s.stats[env].generated_tokens * s.stats[env].loss_weight for s in steps)
+        out[env] = {
+            "planned_share": steps[0].stats[env].planned_share,
+            "trained_tokens": tokens,
+            "trained_token_share": tokens / trained if trained else None,
+            "gradient_share": weight / weighted if weighted else None,
+        }
+    return out
 
 
 def _rewards(rewards: dict[str, float]) -> str:

@@ -88,6 +88,16 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["timings_s"]) >= {"load_model_s", "validation_before_s", "train_s", "total_s"}
     assert summary["generation"]["sequences"] >= 2 * 4
+    trained = {
+        env: sum(line["generated_tokens"] for line in lines if line["env"] == env)
+        for env in ("mcqa", "guess_number")
+    }
+    for env, tokens in trained.items():
+        shares = summary["token_shares"][env]
+        assert shares["planned_share"] == 0.5 and shares["trained_tokens"] == tokens
+        if sum(trained.values()):
+            assert shares["trained_token_share"] == pytest.approx(tokens / sum(trained.values()))
+    assert all("trained_token_share" in line and "gradient_share" in line for line in lines)
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 

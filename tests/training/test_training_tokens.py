@@ -23,6 +23,7 @@ from polygym.stack.config import load_config
 from polygym.training.advantages import group_advantages, zero_variance_groups
 from polygym.training.collector import TokenCollector, TokenStep, env_token_stats
 from polygym.training.tokens import assemble, model_calls
+from polygym.training.trl_adapter import PolygymGRPO
 from responses_api_models.scripted_model.app import fake_token_ids
 
 ENVS = ("example_single_tool_call", "example_multi_step")
@@ -253,3 +254,55 @@ def test_turns_cut_at_the_token_limit_are_counted_per_turn_and_per_rollout() -> 
     assert assemble(short, env="g").truncated_turns == 0 and not assemble(short, env="g").truncated
     unlimited = {**game, "responses_create_params": {"input": []}}
     assert assemble(unlimited, env="g").truncated_turns == 0
+
+
+def test_plan_token_weights_make_the_weighted_share_the_plan() -> None:
+    from polygym.training.advantages import plan_token_weights
+
+    tokens = {"long": 710, "short": 290, "idle": 0}
+    weights = plan_token_weights(tokens, {"long": 0.5, "short": 0.3, "idle": 0.2})
+    weighted = {env: tokens[env] * w for env, w in weights.items()}
+    total = sum(weighted.values())
+    assert total == pytest.approx(1000)  # loss scale kept
+    assert weighted["long"] / total == pytest.approx(0.5 / 0.8) and weighted[
+        "short"
+    ] / total == pytest.approx(0.3 / 0.8)
+    assert weights["idle"] == 1.0
+    assert plan_token_weights({"a": 5}, {"a": 0.0}) == {"a": 1.0}
+
+
+def _env_sums(batch: dict[str, list[Any]]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for env, mask in zip(batch["polygym_env"], batch["env_mask"], strict=True):
+        sums[env] = sums.get(env, 0.0) + sum(mask)
+    return sums
+
+
+def test_token_shares_are_reported_and_plan_normalization_follows_the_plan(
+    collected: tuple[list[TokenStep], Path], tmp_path: Path
+) -> None:
+    """A multi-step tool episode trains more tokens than a single tool call from the same number of
+    prompts: the step reports each share as counted, and gradient_share="plan" weighs them back."""
+    step = collected[0][1]
+    # never started: the adapter only reads its blend and sampling
+    collector = TokenCollector(spec(tmp_path), tmp_path / "unused.jsonl", head_url="http://127.0.0.1:1")
+    counted = {env: sum(r.generated_tokens for r in step.rollouts if r.env == env) for env in ENVS}
+    total = sum(counted.values())
+    assert counted[ENVS[1]] > 1.5 * counted[ENVS[0]]  # the premise: multi-step episodes are longer
+    for env, tokens in counted.items():
+        stats = step.stats[env]
+        assert stats.planned_share == 0.5
+        assert stats.trained_token_share == pytest.approx(tokens / total)
+        assert stats.gradient_share == pytest.approx(tokens / total) and stats.loss_weight == 1.0
+    plain = PolygymGRPO(collector, steps=1, start_step=1).batch(step)
+    assert _env_sums(plain) == pytest.approx({env: float(n) for env, n in counted.items()})
+
+    grpo = PolygymGRPO(collector, steps=1, start_step=1, gradient_share="plan")
+    grpo.weigh(step)
+    weighted = _env_sums(grpo.batch(step))
+    assert sum(weighted.values()) == pytest.approx(total)  # the loss scale is unchanged
+    for env in counted:
+        assert weighted[env] / total == pytest.approx(0.5)
+        assert step.stats[env].gradient_share == pytest.approx(0.5)
+        assert step.stats[env].trained_token_share == pytest.approx(counted[env] / total)
+    assert step.metrics()["polygym/example_single_tool_call/gradient_share"] == pytest.approx(0.5)

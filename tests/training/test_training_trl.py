@@ -10,6 +10,7 @@ trained, TRL computes advantages and updates those weights.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,23 @@ def test_plot_from_a_log(tmp_path: Path) -> None:
     log.write_text("".join(__import__("json").dumps(line) + "\n" for line in lines))
     plot_curves(log, tmp_path / "c.png", {"a": 0.1, "b": 0.9}, {"a": 0.5, "b": 0.4})
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_normalization_trains_and_refuses_a_per_sequence_loss(setup: dict[str, Any]) -> None:
+    model, tokenizer, collector = setup["model"], setup["tokenizer"], setup["collector"]
+    grpo = PolygymGRPO(collector, steps=1, start_step=8, gradient_share="plan")
+    with pytest.raises(ValueError, match="gradient_share='plan' needs a token-summed loss_type"):
+        grpo.trainer(model, tokenizer, grpo.grpo_config(setup["tmp"] / "t", loss_type="grpo"))
+    trainer = grpo.trainer(
+        model, tokenizer, grpo.grpo_config(setup["tmp"] / "t"), extra_reward_funcs=[digits_bonus]
+    )
+    trainer.train()  # TRL takes the weighted (float) env_mask
+    log = trainer.state.log_history[0]
+    shares = [
+        log[f"polygym/{env}/gradient_share"]
+        for env in ("mcqa", "guess_number")
+        if f"polygym/{env}/gradient_share" in log
+    ]
+    assert sum(shares) == pytest.approx(1.0) and math.isfinite(log["loss"])
+    with pytest.raises(ValueError, match="gradient_share must be one of"):
+        PolygymGRPO(collector, steps=1, gradient_share="equal")  # type: ignore[arg-type]
