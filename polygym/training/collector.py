@@ -15,6 +15,11 @@ This module is the first third of it:
   where the trainer's generation server is the ``vllm_model`` upstream and the trainer pulls the
   rollouts through polygym's HTTP API.
 
+Log-prob semantics: every token-carrying rollout says how its log-probs were taken (server,
+temperature, raw or processed; ``TokenRollout.logprob_semantics``); a step whose rollouts disagree
+is refused (``MixedLogprobSemanticsError``) unless ``allow_mixed_logprob_semantics``, and each step
+line lists the semantics it saw.
+
 Every rollout is also written to disk as by ``gym eval run --blend`` (``X.jsonl``, ``X_steps.jsonl``
 ... next to ``output``), so a training step can be inspected or replayed later.
 
@@ -161,20 +166,54 @@ class TokenStep:
             out.update({f"{prefix}/{name}/{k}": v for k, v in stats.log_values().items()})
         return out
 
+    @property
+    def logprob_semantics(self) -> list[dict[str, Any]]:
+        """The distinct log-prob semantics of the step's token-carrying rollouts (one when sound)."""
+        return distinct_semantics(self.rollouts)
+
     def log_lines(self) -> list[dict[str, Any]]:
         """One JSON-ready line per environment and the roll-up, with the step's wall time."""
-        extra = {"elapsed_s": round(self.report.elapsed_s, 4), "timed_out": self.report.timed_out}
+        extra = {
+            "elapsed_s": round(self.report.elapsed_s, 4),
+            "timed_out": self.report.timed_out,
+            "logprob_semantics": self.logprob_semantics,
+        }
         return [{**stats.to_dict(), **extra} for stats in self.stats.values()]
 
 
-def token_step(report: StepReport, input_keys: dict[str, set[str]] | None = None) -> TokenStep:
-    """Assemble a step report's rollouts and compute its per-environment token stats."""
+class MixedLogprobSemanticsError(ValueError):
+    """One step's rollouts carry log-probs taken in different ways (another server, temperature or
+    processing): an importance ratio or KL over them would compare different distributions."""
+
+
+def distinct_semantics(rollouts: list[TokenRollout]) -> list[dict[str, Any]]:
+    """Each different ``logprob_semantics`` among rollouts that stated one, in first-seen order."""
+    seen: list[dict[str, Any]] = []
+    for rollout in rollouts:
+        if rollout.logprob_semantics is not None and rollout.logprob_semantics not in seen:
+            seen.append(rollout.logprob_semantics)
+    return seen
+
+
+def token_step(
+    report: StepReport, input_keys: dict[str, set[str]] | None = None, allow_mixed_semantics: bool = False
+) -> TokenStep:
+    """Assemble a step report's rollouts and compute its per-environment token stats.
+
+    Raises ``MixedLogprobSemanticsError`` when rollouts state different log-prob semantics,
+    unless ``allow_mixed_semantics`` (then ``TokenStep.logprob_semantics`` lists them)."""
     input_keys = input_keys or {}
     rollouts = [
         assemble(r, env=r.get(ENV_FIELD), input_keys=input_keys.get(str(r.get(ENV_FIELD)), ()))
         for r in report.rollouts
     ]
     rollouts.sort(key=lambda r: (r.group_id, r.rollout_index))
+    kinds = distinct_semantics(rollouts)
+    if len(kinds) > 1 and not allow_mixed_semantics:
+        parts = [
+            f"{k} ({', '.join(sorted({r.env for r in rollouts if r.logprob_semantics == k}))})" for k in kinds
+        ]
+        raise MixedLogprobSemanticsError(f"step {report.step} mixes log-probs taken as " + "; ".join(parts))
     stats = {
         env: env_token_stats(env_report, [r for r in rollouts if r.env == env])
         for env, env_report in report.envs.items()
@@ -190,7 +229,12 @@ def _input_keys(blend: Blend) -> dict[str, set[str]]:
 
 
 async def stream_token_steps(
-    client: ServerClient, blend: Blend, output: Path, settings: StepSettings, overwrite: bool = False
+    client: ServerClient,
+    blend: Blend,
+    output: Path,
+    settings: StepSettings,
+    overwrite: bool = False,
+    allow_mixed_semantics: bool = False,
 ) -> AsyncGenerator[TokenStep, None]:
     """Collect steps ``start_step, start_step + 1, ...`` (``settings.steps`` of them, or fewer when
     the caller stops iterating) with token capture on; yields each finished step as a ``TokenStep``.
@@ -205,7 +249,7 @@ async def stream_token_steps(
     reports = _stream_steps(client, blend, files, settings)
     async with contextlib.aclosing(reports) as stream:
         async for report in stream:
-            yield token_step(report, keys)
+            yield token_step(report, keys, allow_mixed_semantics)
 
 
 class TokenCollector:
@@ -227,6 +271,7 @@ class TokenCollector:
         step_timeout_s: float | None = None,
         overwrite: bool = False,
         backend: str = "inline",
+        allow_mixed_logprob_semantics: bool = False,
     ) -> None:
         self.blend = spec if isinstance(spec, Blend) else load_blend(spec)
         self.output = Path(output)
@@ -235,6 +280,7 @@ class TokenCollector:
         self.sampling = sampling
         self.step_timeout_s = step_timeout_s
         self.overwrite = overwrite
+        self.allow_mixed_logprob_semantics = allow_mixed_logprob_semantics
         self.client: ServerClient | None = None
         self._session: StackSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -312,7 +358,14 @@ class TokenCollector:
             settings = StepSettings(
                 _FOREVER, number, self.limits, self.step_timeout_s, dict(self.sampling or {})
             )
-            self._stream = stream_token_steps(self.client, self.blend, self.output, settings, self.overwrite)
+            self._stream = stream_token_steps(
+                self.client,
+                self.blend,
+                self.output,
+                settings,
+                self.overwrite,
+                self.allow_mixed_logprob_semantics,
+            )
             self.overwrite = True  # this collector's own files from here on
         result = await anext(self._stream)
         self._next = number + 1

@@ -16,12 +16,19 @@ import pytest
 from polygym.blend.mix import load_blend
 from polygym.blend.spec import BlendSpec, parse_spec
 from polygym.blend.stepwise import StepFiles
+from polygym.dialects.chat import LOGPROB_SEMANTICS_FIELD
 from polygym.jsonl import iter_jsonl
-from polygym.row import ALL_ENVS, ROLLOUT_INDEX, TASK_INDEX
+from polygym.row import ALL_ENVS, ENV_FIELD, ROLLOUT_INDEX, TASK_INDEX
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.training.advantages import group_advantages, zero_variance_groups
-from polygym.training.collector import TokenCollector, TokenStep, env_token_stats
+from polygym.training.collector import (
+    MixedLogprobSemanticsError,
+    TokenCollector,
+    TokenStep,
+    env_token_stats,
+    token_step,
+)
 from polygym.training.tokens import assemble, model_calls
 from polygym.training.trl_adapter import PolygymGRPO
 from responses_api_models.scripted_model.app import fake_token_ids
@@ -306,3 +313,46 @@ def test_token_shares_are_reported_and_plan_normalization_follows_the_plan(
         assert step.stats[env].gradient_share == pytest.approx(0.5)
         assert step.stats[env].trained_token_share == pytest.approx(counted[env] / total)
     assert step.metrics()["polygym/example_single_tool_call/gradient_share"] == pytest.approx(0.5)
+
+
+def test_rollouts_carry_their_log_prob_semantics_and_a_mixed_step_is_refused(
+    collected: tuple[list[TokenStep], Path],
+) -> None:
+    steps, _ = collected
+    scripted = {"source": "scripted", "temperature": None, "processed": "none"}
+    assert all(r.logprob_semantics == scripted for s in steps for r in s.rollouts)
+    assert steps[0].logprob_semantics == [scripted] and steps[0].log_lines()[0]["logprob_semantics"] == [
+        scripted
+    ]
+
+    report = copy.deepcopy(steps[0].report)
+    vllm = {"source": "vllm", "temperature": 1.0, "processed": "raw"}
+    victim = next(r for r in report.rollouts if r[ENV_FIELD] == ENVS[1])
+    for item in victim["response"]["output"]:
+        if LOGPROB_SEMANTICS_FIELD in item:
+            item[LOGPROB_SEMANTICS_FIELD] = vllm
+    with pytest.raises(
+        MixedLogprobSemanticsError, match=r"step 0 mixes log-probs.*'vllm'.*example_multi_step"
+    ):
+        token_step(report)
+    mixed = token_step(report, allow_mixed_semantics=True)
+    assert mixed.logprob_semantics == [scripted, vllm]
+
+    # one rollout whose turns disagree is masked: its log-probs are not one distribution's
+    calls = [i for i in victim["response"]["output"] if LOGPROB_SEMANTICS_FIELD in i]
+    assert len(calls) > 1
+    calls[0][LOGPROB_SEMANTICS_FIELD] = scripted
+    rollout = assemble(victim)
+    assert rollout.masked and "log-probs taken as" in (rollout.problem or "") and sum(rollout.loss_mask) == 0
+
+
+def test_vllm_upstream_semantics_default_to_vllm_raw_log_probs() -> None:
+    from responses_api_models.vllm_model.app import upstream_semantics
+
+    assert upstream_semantics({}, {"temperature": 0.7}) == {
+        "source": "vllm",
+        "temperature": 0.7,
+        "processed": "raw",
+    }
+    stated = {"source": "hf_generate", "temperature": 0.7, "processed": "sampling_distribution"}
+    assert upstream_semantics({"logprob_semantics": stated}, {"temperature": 0.7}) == stated

@@ -117,6 +117,15 @@ def test_batch_layout_matches_trl_order(setup: dict[str, Any]) -> None:
         assert batch["env_mask"][k] == rollout.completion_mask
         assert len(batch["logprobs"][k]) == len(batch["completion_ids"][k])
         assert batch["polygym_reward"][k] == rollout.reward
+    # the generation server states how it took the log-probs, vllm_model passes it on
+    sampled = {
+        "source": "hf_generate",
+        "temperature": 1.0,
+        "processed": "sampling_distribution",
+        "top_p": 1.0,
+        "top_k": 0,
+    }
+    assert step.logprob_semantics == [sampled]
     games = [r for r in step.rollouts if r.env == "guess_number" and r.num_turns > 1 and not r.masked]
     for rollout in games:  # environment turns sit inside the completion with mask 0
         assert 0 in rollout.completion_mask and rollout.completion_mask[0] == 1
