@@ -260,6 +260,13 @@ def passive_omp_threads() -> None:
     "environment's per-token loss weight so its share of the gradient equals its planned share. "
     "train_log.jsonl reports trained_token_share and gradient_share per environment and step.",
 )
+@click.option(
+    "--validate-every",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Also validate every N steps (greedy, the same rows each time), besides before and after; "
+    "every validation adds a line per environment (eval_only ones included) to OUTPUT/validation.jsonl.",
+)
 def run(
     spec_path: Path,
     overrides: tuple[str, ...],
@@ -277,11 +284,13 @@ def run(
     train_layers: int | None,
     save_model: bool,
     gradient_share: GradientShare,
+    validate_every: int | None,
 ) -> None:
     """Train a policy with GRPO (TRL) on the blend SPEC, on this machine, and compare validation.
 
     The policy is served from the weights being trained, so every rollout is on-policy; every
-    environment of SPEC is validated before and after. Writes train_log.jsonl (reward per
+    environment of SPEC (eval_only ones too: watched, not trained) is validated before and after
+    (and every --validate-every steps, into validation.jsonl). Writes train_log.jsonl (reward per
     environment and step), curves.png, validation_before/after files, comparison.json and
     summary.json to --output. Needs `pip install -e '.[train]'` (see README "Training").
     """
@@ -312,6 +321,7 @@ def run(
         train_layers=train_layers,
         save_model=save_model,
         gradient_share=gradient_share,
+        validate_every=validate_every,
     )
     out = console()
     try:

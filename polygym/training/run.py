@@ -7,8 +7,13 @@ What one run does, in order (every file lands in ``--output DIR``):
    (``generation_server``) on a loopback port.
 2. Starts the blend's environments and agents in this process, with ``vllm_model`` pointed at that
    server and token capture on: every rollout is sampled from the current weights (on-policy).
-3. Validates every environment on its validation rows (greedy, one response per row), written as a
-   ``gym eval run`` would: ``validation_before.jsonl`` and ``validation_before_aggregate_metrics.json``.
+3. Validates every environment on its validation rows (greedy, one response per row, the same rows
+   each time: each environment's first ``--validation-limit``), written as a ``gym eval run``
+   would: ``validation_before.jsonl`` and ``validation_before_aggregate_metrics.json``. ``eval_only``
+   environments of the spec are validated too, never trained: they show what training on the
+   others does to them. With ``--validate-every N`` this repeats every N steps
+   (``validation/step_N.jsonl``); every validation adds one line per environment to
+   ``validation.jsonl`` (step, env, eval_only, reward_mean, n): the validation curves.
 4. Trains with TRL's ``GRPOTrainer`` through ``trl_adapter.PolygymGRPO``: each optimizer step is one
    step of the blend (exact per-environment quotas), collected through polygym's agents and
    verifiers. Each step's per-environment statistics go to ``train_log.jsonl`` (one line per
@@ -72,6 +77,8 @@ class RunSettings:
     train_layers: int | None = None
     """Train only the top N transformer blocks (None: every parameter)."""
     save_model: bool = False
+    validate_every: int | None = None
+    """Also validate every N optimizer steps (on top of before and after), into ``validation.jsonl``."""
     gradient_share: GradientShare = "tokens"
     """"tokens": each trained token weighs 1 (an environment's gradient share follows its token
     count); "plan": each environment's gradient share is its planned share (``trl_adapter``)."""
@@ -119,8 +126,9 @@ def validation_jobs(blend: Blend, limit: int | None, sampling: dict[str, Any]) -
 
 def validate(
     collector: TokenCollector, blend: Blend, output: Path, limit: int | None, max_tokens: int | None
-) -> dict[str, float]:
-    """Collect the validation rollouts into ``output`` (a ``gym eval run`` file set); mean reward per env."""
+) -> dict[str, list[float]]:
+    """Collect the validation rollouts into ``output`` (a ``gym eval run`` file set); the rewards
+    of each environment. The same rows every time (each environment's first ``limit``), greedy."""
     sampling: dict[str, Any] = {"temperature": 0.0}
     if max_tokens is not None:
         sampling["max_output_tokens"] = max_tokens
@@ -136,7 +144,26 @@ def validate(
         env = agents.get((rollout.get("agent_ref") or {}).get("name", ""))
         if env is not None:
             rewards[env].append(reward(rollout))
+    return rewards
+
+
+def mean_rewards(rewards: dict[str, list[float]]) -> dict[str, float]:
     return {env: statistics.fmean(values) if values else math.nan for env, values in rewards.items()}
+
+
+def validation_lines(step: int, rewards: dict[str, list[float]], blend: Blend) -> list[dict[str, Any]]:
+    """``validation.jsonl`` lines: one per environment (trained or eval_only) after ``step`` updates."""
+    watched = {env.name for env in blend.environments if env.spec.eval_only}
+    return [
+        {
+            "step": step,
+            "env": env,
+            "eval_only": env in watched,
+            "reward_mean": statistics.fmean(values) if values else None,
+            "n": len(values),
+        }
+        for env, values in rewards.items()
+    ]
 
 
 def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
@@ -170,7 +197,24 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     log_path.write_text("")
     steps: list[TokenStep] = []
 
+    curves_path = out / "validation.jsonl"
+    curves_path.write_text("")
+
     def on_step(step: TokenStep) -> None:
+        every = settings.validate_every
+        if every and step.step and step.step % every == 0:
+            # rollout_func hands over step k before its update: the policy has had k updates
+            t = time.perf_counter()
+            rewards = validate(
+                collector,
+                validation,
+                out / "validation" / f"step_{step.step}.jsonl",
+                settings.validation_limit,
+                settings.max_output_tokens,
+            )
+            append_jsonl(validation_lines(step.step, rewards, validation), curves_path)
+            took = time.perf_counter() - t
+            echo(f"validation at step {step.step}: {_rewards(mean_rewards(rewards))} ({took:.0f}s)")
         steps.append(step)
         append_jsonl(step.log_lines(), log_path)
         parts = [
@@ -211,13 +255,15 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         )
         with collector:
             t = time.perf_counter()
-            before = validate(
+            before_rewards = validate(
                 collector,
                 validation,
                 out / "validation_before.jsonl",
                 settings.validation_limit,
                 settings.max_output_tokens,
             )
+            append_jsonl(validation_lines(0, before_rewards, validation), curves_path)
+            before = mean_rewards(before_rewards)
             timings["validation_before_s"] = time.perf_counter() - t
             echo(f"validation before: {_rewards(before)} ({timings['validation_before_s']:.0f}s)")
 
@@ -243,13 +289,15 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             write_jsonl(trainer.state.log_history, out / "trainer_log.jsonl")
 
             t = time.perf_counter()
-            after = validate(
+            after_rewards = validate(
                 collector,
                 validation,
                 out / "validation_after.jsonl",
                 settings.validation_limit,
                 settings.max_output_tokens,
             )
+            append_jsonl(validation_lines(settings.steps, after_rewards, validation), curves_path)
+            after = mean_rewards(after_rewards)
             timings["validation_after_s"] = time.perf_counter() - t
             echo(f"validation after: {_rewards(after)} ({timings['validation_after_s']:.0f}s)")
     if settings.save_model:

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from polygym.cli import gym
 from polygym.jsonl import iter_jsonl
+from tests.conftest import ROOT
 
 GAME = {
     "responses_create_params": {"input": [{"role": "system", "content": "Guess."}], "max_output_tokens": 4},
@@ -37,6 +38,9 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
         "    agent: guess_number_gymnasium_agent\n"
         "    train: games.jsonl\n"
         "    validation: games.jsonl\n"
+        "  example_single_tool_call:\n"
+        "    eval_only: true\n"
+        f"    validation: {ROOT / 'resources_servers/example_single_tool_call/data/example.jsonl'}\n"
         "prompts_per_step: 2\n"
         "responses_per_prompt: 2\n"
     )
@@ -61,6 +65,8 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
             "1",
             "--learning-rate",
             "1e-3",
+            "--validate-every",
+            "1",
         ],
         catch_exceptions=False,
     )
@@ -78,8 +84,22 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
         assert {m["agent_ref"]["name"] for m in metrics} == {
             "mcqa_simple_agent",
             "guess_number_gymnasium_agent",
+            "example_single_tool_call_simple_agent",
         }
-        assert len(list(iter_jsonl(out / f"validation_{phase}.jsonl"))) == 3  # 2 mcqa + 1 game
+        assert len(list(iter_jsonl(out / f"validation_{phase}.jsonl"))) == 5  # 2 mcqa + 1 game + 2 watched
+    # validation curves: before (0), after step 1's... every step, and the end (2); the eval_only
+    # environment is validated every time but never trained
+    curves = list(iter_jsonl(out / "validation.jsonl"))
+    assert [(c["step"], c["env"]) for c in curves] == [
+        (s, env) for s in (0, 1, 2) for env in ("mcqa", "guess_number", "example_single_tool_call")
+    ]
+    assert [c["n"] for c in curves[:3]] == [2, 1, 2] and [c["eval_only"] for c in curves[:3]] == [
+        False,
+        False,
+        True,
+    ]
+    assert (out / "validation" / "step_1.jsonl").is_file()
+    assert "example_single_tool_call" not in {line["env"] for line in lines}
     comparison = json.loads((out / "comparison.json").read_text())
     assert {e["env"] for e in comparison["environments"]} >= {
         "mcqa_simple_agent",
