@@ -7,6 +7,7 @@ helpers below it (``load_spec_or_exit``, ``blend_stack_config``, ``run_blend``) 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +227,20 @@ def passive_omp_threads() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def parse_max_regressions(values: tuple[str, ...]) -> dict[str, float]:
+    """``ENV=DELTA`` flags as a mapping; exits 2 naming a malformed one."""
+    limits: dict[str, float] = {}
+    for text in values:
+        env, sep, delta = text.partition("=")
+        try:
+            limits[env] = float(delta)
+        except ValueError:
+            sep = ""
+        if not sep or not env or not math.isfinite(limits.get(env, math.nan)) or limits[env] < 0:
+            fail(f"--max-regression '{text}': expected ENV=DELTA with DELTA a number >= 0", EXIT_USAGE)
+    return limits
+
+
 @train.command("run")
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
@@ -267,6 +282,21 @@ def passive_omp_threads() -> None:
     help="Also validate every N steps (greedy, the same rows each time), besides before and after; "
     "every validation adds a line per environment (eval_only ones included) to OUTPUT/validation.jsonl.",
 )
+@click.option(
+    "--max-regression",
+    "max_regressions",
+    multiple=True,
+    metavar="ENV=DELTA",
+    help="Warn when ENV's mean validation reward falls more than DELTA below its step-0 value, at any "
+    "validation (--validate-every) and at the end (repeatable; summary.json lists them).",
+)
+@click.option(
+    "--on-regression",
+    type=click.Choice(["warn", "stop"]),
+    default="warn",
+    show_default=True,
+    help="stop: also end training after the step whose validation regressed.",
+)
 def run(
     spec_path: Path,
     overrides: tuple[str, ...],
@@ -285,6 +315,8 @@ def run(
     save_model: bool,
     gradient_share: GradientShare,
     validate_every: int | None,
+    max_regressions: tuple[str, ...],
+    on_regression: str,
 ) -> None:
     """Train a policy with GRPO (TRL) on the blend SPEC, on this machine, and compare validation.
 
@@ -322,6 +354,8 @@ def run(
         save_model=save_model,
         gradient_share=gradient_share,
         validate_every=validate_every,
+        max_regression=parse_max_regressions(max_regressions),
+        on_regression=on_regression,
     )
     out = console()
     try:

@@ -79,6 +79,10 @@ class RunSettings:
     save_model: bool = False
     validate_every: int | None = None
     """Also validate every N optimizer steps (on top of before and after), into ``validation.jsonl``."""
+    max_regression: dict[str, float] = field(default_factory=dict)
+    """Environment -> the largest drop of its mean validation reward vs step 0 tolerated."""
+    on_regression: str = "warn"
+    """"warn": report a larger drop; "stop": also end training after the current step."""
     gradient_share: GradientShare = "tokens"
     """"tokens": each trained token weighs 1 (an environment's gradient share follows its token
     count); "plan": each environment's gradient share is its planned share (``trl_adapter``)."""
@@ -151,6 +155,18 @@ def mean_rewards(rewards: dict[str, list[float]]) -> dict[str, float]:
     return {env: statistics.fmean(values) if values else math.nan for env, values in rewards.items()}
 
 
+def regressions(
+    step: int, before: dict[str, float], now: dict[str, float], limits: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Environments whose mean validation reward fell by more than their limit since step 0."""
+    found = []
+    for env, limit in limits.items():
+        drop = before.get(env, math.nan) - now.get(env, math.nan)
+        if math.isfinite(drop) and drop > limit:
+            found.append({"step": step, "env": env, "before": before[env], "now": now[env], "drop": drop})
+    return found
+
+
 def validation_lines(step: int, rewards: dict[str, list[float]], blend: Blend) -> list[dict[str, Any]]:
     """``validation.jsonl`` lines: one per environment (trained or eval_only) after ``step`` updates."""
     watched = {env.name for env in blend.environments if env.spec.eval_only}
@@ -185,6 +201,9 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     missing = [env.name for env in validation.environments if not validation.rows[env.name]]
     if missing:
         raise ValueError(f"{settings.spec_path}: no validation rows for {', '.join(missing)}")
+    unknown = sorted(set(settings.max_regression) - {env.name for env in validation.environments})
+    if unknown:
+        raise ValueError(f"--max-regression: no environment {', '.join(unknown)} in {settings.spec_path}")
 
     t = time.perf_counter()
     model, tokenizer = load_policy(settings.model)
@@ -199,6 +218,17 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
 
     curves_path = out / "validation.jsonl"
     curves_path.write_text("")
+    regressed: list[dict[str, Any]] = []
+
+    def check_regressions(step: int, now: dict[str, float]) -> bool:
+        found = regressions(step, before, now, settings.max_regression)
+        for r in found:
+            echo(
+                f"warning: {r['env']} validation reward fell {r['drop']:.3f} since step 0 "
+                f"({r['before']:.3f} -> {r['now']:.3f}; --max-regression {settings.max_regression[r['env']]})"
+            )
+        regressed.extend(found)
+        return bool(found)
 
     def on_step(step: TokenStep) -> None:
         every = settings.validate_every
@@ -215,6 +245,9 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             append_jsonl(validation_lines(step.step, rewards, validation), curves_path)
             took = time.perf_counter() - t
             echo(f"validation at step {step.step}: {_rewards(mean_rewards(rewards))} ({took:.0f}s)")
+            if check_regressions(step.step, mean_rewards(rewards)) and settings.on_regression == "stop":
+                trainer.control.should_training_stop = True  # after this step's update
+                echo(f"stopping after step {step.step}: --on-regression stop")
         steps.append(step)
         append_jsonl(step.log_lines(), log_path)
         parts = [
@@ -296,8 +329,9 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
                 settings.validation_limit,
                 settings.max_output_tokens,
             )
-            append_jsonl(validation_lines(settings.steps, after_rewards, validation), curves_path)
+            append_jsonl(validation_lines(trainer.state.global_step, after_rewards, validation), curves_path)
             after = mean_rewards(after_rewards)
+            check_regressions(trainer.state.global_step, after)
             timings["validation_after_s"] = time.perf_counter() - t
             echo(f"validation after: {_rewards(after)} ({timings['validation_after_s']:.0f}s)")
     if settings.save_model:
@@ -315,6 +349,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         "validation_before": before,
         "validation_after": after,
         "regressions": comparison.regressions,
+        "validation_regressions": regressed,
         "generation": {
             "batches": generator.stats.batches,
             "sequences": generator.stats.sequences,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,8 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
             "1e-3",
             "--validate-every",
             "1",
+            "--max-regression",
+            "guess_number=1",
         ],
         catch_exceptions=False,
     )
@@ -106,6 +109,7 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
         "guess_number_gymnasium_agent",
     }
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["validation_regressions"] == []  # a drop of more than 1 is impossible here
     assert set(summary["timings_s"]) >= {"load_model_s", "validation_before_s", "train_s", "total_s"}
     assert summary["generation"]["sequences"] >= 2 * 4
     trained = {
@@ -128,3 +132,44 @@ def test_gym_train_run_reports_a_missing_model_package(tmp_path: Path) -> None:
         gym, ["train", "run", str(spec), "-o", str(tmp_path / "o"), "--model", "nope"]
     )
     assert result.exit_code == 2 and "unknown model 'nope'" in result.output
+
+
+def test_max_regression_flags_are_checked_and_drops_are_found(tmp_path: Path) -> None:
+    from polygym.training.run import regressions
+
+    spec = tmp_path / "blend.yaml"
+    spec.write_text("environments:\n  mcqa: {}\nprompts_per_step: 1\n")
+    base = ["train", "run", str(spec), "-o", str(tmp_path / "o"), "--model", "tiny"]
+    bad = CliRunner().invoke(gym, [*base, "--max-regression", "mcqa"])
+    assert bad.exit_code == 2 and "--max-regression 'mcqa': expected ENV=DELTA" in bad.output
+    unknown = CliRunner().invoke(gym, [*base, "--max-regression", "mcq=0.1"])
+    assert unknown.exit_code == 2 and "--max-regression: no environment mcq in" in unknown.output
+    before = {"a": 0.5, "b": 0.5, "c": float("nan")}
+    found = regressions(3, before, {"a": 0.3, "b": 0.45, "c": 0.0}, {"a": 0.1, "b": 0.1, "c": 0.0})
+    assert found == [{"step": 3, "env": "a", "before": 0.5, "now": 0.3, "drop": pytest.approx(0.2)}]
+
+
+def test_on_regression_stop_ends_training_after_the_regressed_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from polygym.training import run as run_module
+
+    def always(step: int, before: Any, now: Any, limits: Any) -> list[dict[str, Any]]:
+        return [{"step": step, "env": "mcqa", "before": 1.0, "now": 0.0, "drop": 1.0}]
+
+    monkeypatch.setattr(run_module, "regressions", always)
+    spec = tmp_path / "blend.yaml"
+    spec.write_text("environments:\n  mcqa: {}\nprompts_per_step: 2\nresponses_per_prompt: 2\n")
+    out = tmp_path / "run"
+    args = ["train", "run", str(spec), "-o", str(out), "--model", "tiny", "--steps", "4"]
+    args += ["--validation-limit", "1", "--max-output-tokens", "2", "--train-layers", "1"]
+    args += ["--validate-every", "1", "--max-regression", "mcqa=0.1", "--on-regression", "stop"]
+    result = CliRunner().invoke(gym, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "warning: mcqa validation reward fell 1.000" in result.output
+    assert "stopping after step 1" in result.output
+    trained = {line["step"] for line in iter_jsonl(out / "train_log.jsonl")}
+    assert trained == {0, 1}  # step 1's update ran, steps 2 and 3 never did
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["validation_regressions"][0]["step"] == 1
+    assert [c["step"] for c in iter_jsonl(out / "validation.jsonl")] == [0, 1, 2]  # the end: 2 updates
