@@ -283,6 +283,13 @@ def parse_max_regressions(values: tuple[str, ...]) -> dict[str, float]:
     "every validation adds a line per environment (eval_only ones included) to OUTPUT/validation.jsonl.",
 )
 @click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Seed of the trainer (TRL and torch: sampling, dropout, any initialization), separate from "
+    "the blend spec's seed, which alone decides the prompts of every step. Default: the spec's seed.",
+)
+@click.option(
     "--max-regression",
     "max_regressions",
     multiple=True,
@@ -315,6 +322,7 @@ def run(
     save_model: bool,
     gradient_share: GradientShare,
     validate_every: int | None,
+    seed: int | None,
     max_regressions: tuple[str, ...],
     on_regression: str,
 ) -> None:
@@ -354,6 +362,7 @@ def run(
         save_model=save_model,
         gradient_share=gradient_share,
         validate_every=validate_every,
+        seed=seed,
         max_regression=parse_max_regressions(max_regressions),
         on_regression=on_regression,
     )

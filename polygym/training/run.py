@@ -79,6 +79,9 @@ class RunSettings:
     save_model: bool = False
     validate_every: int | None = None
     """Also validate every N optimizer steps (on top of before and after), into ``validation.jsonl``."""
+    seed: int | None = None
+    """The trainer's seed (TRL/torch: initialization, sampling of the served policy); None: the
+    blend spec's seed. The blend's seed alone decides which prompts each step holds."""
     max_regression: dict[str, float] = field(default_factory=dict)
     """Environment -> the largest drop of its mean validation reward vs step 0 tolerated."""
     on_regression: str = "warn"
@@ -312,6 +315,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
                 "warmup_steps": 0,
                 "weight_decay": 0.0,
                 "max_grad_norm": 1.0,
+                **({"seed": settings.seed} if settings.seed is not None else {}),
                 **settings.trainer_overrides,
             }
             args = grpo.grpo_config(out / "trainer", **trainer_settings)
@@ -346,6 +350,8 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     summary = {
         "settings": settings.to_dict(),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "trainer_seed": args.seed,
+        "blend_seed": spec.seed,
         "validation_before": before,
         "validation_after": after,
         "regressions": comparison.regressions,

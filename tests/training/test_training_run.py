@@ -110,6 +110,7 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
     }
     summary = json.loads((out / "summary.json").read_text())
     assert summary["validation_regressions"] == []  # a drop of more than 1 is impossible here
+    assert summary["trainer_seed"] == summary["blend_seed"] == 0  # default: the spec's seed
     assert set(summary["timings_s"]) >= {"load_model_s", "validation_before_s", "train_s", "total_s"}
     assert summary["generation"]["sequences"] >= 2 * 4
     trained = {
@@ -163,7 +164,16 @@ def test_on_regression_stop_ends_training_after_the_regressed_step(
     out = tmp_path / "run"
     args = ["train", "run", str(spec), "-o", str(out), "--model", "tiny", "--steps", "4"]
     args += ["--validation-limit", "1", "--max-output-tokens", "2", "--train-layers", "1"]
-    args += ["--validate-every", "1", "--max-regression", "mcqa=0.1", "--on-regression", "stop"]
+    args += [
+        "--validate-every",
+        "1",
+        "--max-regression",
+        "mcqa=0.1",
+        "--on-regression",
+        "stop",
+        "--seed",
+        "7",
+    ]
     result = CliRunner().invoke(gym, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "warning: mcqa validation reward fell 1.000" in result.output
@@ -172,4 +182,5 @@ def test_on_regression_stop_ends_training_after_the_regressed_step(
     assert trained == {0, 1}  # step 1's update ran, steps 2 and 3 never did
     summary = json.loads((out / "summary.json").read_text())
     assert summary["validation_regressions"][0]["step"] == 1
+    assert summary["trainer_seed"] == 7 and summary["blend_seed"] == 0  # separate seeds
     assert [c["step"] for c in iter_jsonl(out / "validation.jsonl")] == [0, 1, 2]  # the end: 2 updates
