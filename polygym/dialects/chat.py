@@ -331,6 +331,15 @@ def _arguments(raw: Any) -> str:
     return raw if isinstance(raw, str) else orjson.dumps(raw).decode()
 
 
+LOGPROB_SEMANTICS_FIELD = "generation_logprob_semantics"
+"""How the call's ``generation_log_probs`` were taken: ``source`` (hf_generate, vllm, llama_cpp,
+scripted), ``temperature`` and ``processed`` (``raw``: log-softmax of the model's logits;
+``sampling_distribution``: after temperature/top-p/top-k, the distribution actually sampled)."""
+
+
+_CALL_TOKEN_FIELDS = (*TRAINING_TOKEN_FIELDS, LOGPROB_SEMANTICS_FIELD)
+
+
 def strip_token_fields(items: Any) -> Any:
     """``items`` without the training token fields agents send back on earlier model output.
 
@@ -341,16 +350,10 @@ def strip_token_fields(items: Any) -> Any:
         return items
     stripped = []
     for item in items:
-        if isinstance(item, dict) and any(key in item for key in TRAINING_TOKEN_FIELDS):
-            item = {k: v for k, v in item.items() if k not in TRAINING_TOKEN_FIELDS}
+        if isinstance(item, dict) and any(key in item for key in _CALL_TOKEN_FIELDS):
+            item = {k: v for k, v in item.items() if k not in _CALL_TOKEN_FIELDS}
         stripped.append(item)
     return stripped
-
-
-LOGPROB_SEMANTICS_FIELD = "generation_logprob_semantics"
-"""How the call's ``generation_log_probs`` were taken: ``source`` (hf_generate, vllm, llama_cpp,
-scripted), ``temperature`` and ``processed`` (``raw``: log-softmax of the model's logits;
-``sampling_distribution``: after temperature/top-p/top-k, the distribution actually sampled)."""
 
 
 def logprob_semantics(source: str, temperature: float | None, processed: str, **extra: Any) -> dict[str, Any]:

@@ -356,3 +356,11 @@ def test_vllm_upstream_semantics_default_to_vllm_raw_log_probs() -> None:
     }
     stated = {"source": "hf_generate", "temperature": 0.7, "processed": "sampling_distribution"}
     assert upstream_semantics({"logprob_semantics": stated}, {"temperature": 0.7}) == stated
+
+
+def test_log_prob_semantics_are_stripped_with_the_token_fields_before_an_upstream_sees_them() -> None:
+    from polygym.dialects.chat import attach_token_fields, strip_token_fields
+
+    output = [{"type": "message", "role": "assistant", "content": []}]
+    attach_token_fields(output, [1], [2], [-0.5], {"source": "vllm", "temperature": 1.0, "processed": "raw"})
+    assert strip_token_fields(output) == [{"type": "message", "role": "assistant", "content": []}]
