@@ -196,13 +196,16 @@ def load_blend(spec: BlendSpec, split: Split = "train", check_verifiers: bool = 
         if verifier is not None and verifier.problem:
             problems.append(f"{spec.source}: environments ({env.name}): {verifier.problem}")
         env_rows: list[Row] = []
-        for path in env.files(split):
+        watched = split == "train" and env.spec.eval_only
+        if watched and not env.files("validation"):
+            problems.append(f"{spec.source}: environments ({env.name}): eval_only but no validation rows")
+        for path in [] if watched else env.files(split):
             for row in read_rows(path, problems):
                 check_row(row, problems)
                 if verifier is not None:
                     check_verifier_fields(row, verifier, problems)
                 env_rows.append(row)
-        if split == "train" and not env_rows:
+        if split == "train" and not watched and not env_rows:
             problems.append(f"{spec.source}: environments ({env.name}): no training rows")
         rows[env.name] = env_rows
     if problems:

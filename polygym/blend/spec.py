@@ -41,6 +41,9 @@ class EnvironmentSpec(BaseModel):
     validation: list[str] = Field(default_factory=list)
     weight: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     min_per_step: int = Field(default=0, ge=0)
+    eval_only: bool = False
+    """Watched, not trained: served and validated (``gym train run``) but given no training quota,
+    so a run can show whether training on the others hurts it. Takes no weight nor minimum."""
 
     _check_paths = field_validator("train", "validation", mode="before")(_paths)
 
@@ -50,6 +53,16 @@ class EnvironmentSpec(BaseModel):
         if value.startswith(("_", ".")) or "/" in value or "\\" in value or value != value.strip():
             raise ValueError("must be a plain name (no '/', no leading '_' or '.', no spaces around)")
         return value
+
+    @model_validator(mode="after")
+    def _eval_only_takes_no_quota(self) -> EnvironmentSpec:
+        if self.eval_only:
+            given = sorted({"weight", "min_per_step"} & self.model_fields_set)
+            if given:
+                raise ValueError(
+                    f"an eval_only environment gets no training quota: remove {', '.join(given)}"
+                )
+        return self
 
     @property
     def agent_name(self) -> str:
@@ -88,7 +101,14 @@ class BlendSpec(BaseModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"environment names must be unique, repeated: {', '.join(duplicates)}")
+        if all(env.eval_only for env in environments):
+            raise ValueError("every environment is eval_only: at least one must be trained")
         return environments
+
+    @property
+    def trained(self) -> list[EnvironmentSpec]:
+        """The environments that get a training quota (all but the ``eval_only`` ones)."""
+        return [env for env in self.environments if not env.eval_only]
 
     @property
     def global_batch_size(self) -> int:
@@ -101,9 +121,10 @@ class BlendSpec(BaseModel):
         raise KeyError(unknown_name_message("environment", name, [e.name for e in self.environments]))
 
     def plan(self, rows: dict[str, int] | None = None, warn_below: int = DEFAULT_WARN_BELOW) -> Plan:
-        """The step plan (raises planner.InfeasiblePlanError when the minimums cannot fit)."""
+        """The step plan of the trained environments (raises planner.InfeasiblePlanError when the
+        minimums cannot fit)."""
         rows = rows or {}
-        demands = [EnvDemand(e.name, e.weight, e.min_per_step, rows.get(e.name)) for e in self.environments]
+        demands = [EnvDemand(e.name, e.weight, e.min_per_step, rows.get(e.name)) for e in self.trained]
         return make_plan(demands, self.prompts_per_step, self.responses_per_prompt, warn_below)
 
 

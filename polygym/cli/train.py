@@ -7,6 +7,7 @@ helpers below it (``load_spec_or_exit``, ``blend_stack_config``, ``run_blend``) 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from polygym.net.client import ServerCallError
 from polygym.stack.config import ConfigError, StackConfig
 from polygym.stack.launcher import LaunchError
 from polygym.stack.session import StackSession, StackTarget
+from polygym.training.trl_adapter import GRADIENT_SHARES, GradientShare
 
 
 @click.group(cls=SuggestingGroup)
@@ -225,6 +227,20 @@ def passive_omp_threads() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def parse_max_regressions(values: tuple[str, ...]) -> dict[str, float]:
+    """``ENV=DELTA`` flags as a mapping; exits 2 naming a malformed one."""
+    limits: dict[str, float] = {}
+    for text in values:
+        env, sep, delta = text.partition("=")
+        try:
+            limits[env] = float(delta)
+        except ValueError:
+            sep = ""
+        if not sep or not env or not math.isfinite(limits.get(env, math.nan)) or limits[env] < 0:
+            fail(f"--max-regression '{text}': expected ENV=DELTA with DELTA a number >= 0", EXIT_USAGE)
+    return limits
+
+
 @train.command("run")
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
@@ -249,6 +265,45 @@ def passive_omp_threads() -> None:
 )
 @click.option("--train-layers", type=click.IntRange(min=1), default=None, help="Train only the top N blocks.")
 @click.option("--save-model", is_flag=True, help="Save the trained weights to OUTPUT/model.")
+@click.option(
+    "--gradient-share",
+    type=click.Choice(GRADIENT_SHARES),
+    default="tokens",
+    show_default=True,
+    help="How the loss splits between environments. tokens: every trained token weighs 1, so an "
+    "environment with longer episodes takes more of the gradient than of the prompts. plan: scale each "
+    "environment's per-token loss weight so its share of the gradient equals its planned share. "
+    "train_log.jsonl reports trained_token_share and gradient_share per environment and step.",
+)
+@click.option(
+    "--validate-every",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Also validate every N steps (greedy, the same rows each time), besides before and after; "
+    "every validation adds a line per environment (eval_only ones included) to OUTPUT/validation.jsonl.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Seed of the trainer (TRL and torch: sampling, dropout, any initialization), separate from "
+    "the blend spec's seed, which alone decides the prompts of every step. Default: the spec's seed.",
+)
+@click.option(
+    "--max-regression",
+    "max_regressions",
+    multiple=True,
+    metavar="ENV=DELTA",
+    help="Warn when ENV's mean validation reward falls more than DELTA below its step-0 value, at any "
+    "validation (--validate-every) and at the end (repeatable; summary.json lists them).",
+)
+@click.option(
+    "--on-regression",
+    type=click.Choice(["warn", "stop"]),
+    default="warn",
+    show_default=True,
+    help="stop: also end training after the step whose validation regressed.",
+)
 def run(
     spec_path: Path,
     overrides: tuple[str, ...],
@@ -265,11 +320,17 @@ def run(
     threads: int | None,
     train_layers: int | None,
     save_model: bool,
+    gradient_share: GradientShare,
+    validate_every: int | None,
+    seed: int | None,
+    max_regressions: tuple[str, ...],
+    on_regression: str,
 ) -> None:
     """Train a policy with GRPO (TRL) on the blend SPEC, on this machine, and compare validation.
 
     The policy is served from the weights being trained, so every rollout is on-policy; every
-    environment of SPEC is validated before and after. Writes train_log.jsonl (reward per
+    environment of SPEC (eval_only ones too: watched, not trained) is validated before and after
+    (and every --validate-every steps, into validation.jsonl). Writes train_log.jsonl (reward per
     environment and step), curves.png, validation_before/after files, comparison.json and
     summary.json to --output. Needs `pip install -e '.[train]'` (see README "Training").
     """
@@ -299,6 +360,11 @@ def run(
         threads=threads,
         train_layers=train_layers,
         save_model=save_model,
+        gradient_share=gradient_share,
+        validate_every=validate_every,
+        seed=seed,
+        max_regression=parse_max_regressions(max_regressions),
+        on_regression=on_regression,
     )
     out = console()
     try:

@@ -331,6 +331,15 @@ def _arguments(raw: Any) -> str:
     return raw if isinstance(raw, str) else orjson.dumps(raw).decode()
 
 
+LOGPROB_SEMANTICS_FIELD = "generation_logprob_semantics"
+"""How the call's ``generation_log_probs`` were taken: ``source`` (hf_generate, vllm, llama_cpp,
+scripted), ``temperature`` and ``processed`` (``raw``: log-softmax of the model's logits;
+``sampling_distribution``: after temperature/top-p/top-k, the distribution actually sampled)."""
+
+
+_CALL_TOKEN_FIELDS = (*TRAINING_TOKEN_FIELDS, LOGPROB_SEMANTICS_FIELD)
+
+
 def strip_token_fields(items: Any) -> Any:
     """``items`` without the training token fields agents send back on earlier model output.
 
@@ -341,10 +350,15 @@ def strip_token_fields(items: Any) -> Any:
         return items
     stripped = []
     for item in items:
-        if isinstance(item, dict) and any(key in item for key in TRAINING_TOKEN_FIELDS):
-            item = {k: v for k, v in item.items() if k not in TRAINING_TOKEN_FIELDS}
+        if isinstance(item, dict) and any(key in item for key in _CALL_TOKEN_FIELDS):
+            item = {k: v for k, v in item.items() if k not in _CALL_TOKEN_FIELDS}
         stripped.append(item)
     return stripped
+
+
+def logprob_semantics(source: str, temperature: float | None, processed: str, **extra: Any) -> dict[str, Any]:
+    """The ``LOGPROB_SEMANTICS_FIELD`` value; a trainer must compare log-probs only under equal ones."""
+    return {"source": source, "temperature": temperature, "processed": processed, **extra}
 
 
 def attach_token_fields(
@@ -352,13 +366,17 @@ def attach_token_fields(
     prompt_token_ids: list[int],
     generation_token_ids: list[int],
     generation_log_probs: list[float],
+    semantics: dict[str, Any] | None = None,
 ) -> None:
-    """Put one model call's training token fields on its last output item (DESIGN §3)."""
+    """Put one model call's training token fields on its last output item (DESIGN §3), with
+    ``semantics`` (``logprob_semantics``) when the server knows how its log-probs were taken."""
     if not output:
         raise ValueError("a model call with token ids must have at least one output item")
     output[-1]["prompt_token_ids"] = list(prompt_token_ids)
     output[-1]["generation_token_ids"] = list(generation_token_ids)
     output[-1]["generation_log_probs"] = list(generation_log_probs)
+    if semantics is not None:
+        output[-1][LOGPROB_SEMANTICS_FIELD] = dict(semantics)
 
 
 # ------------------------------------------------------------------------------------------- tools

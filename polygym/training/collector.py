@@ -15,13 +15,19 @@ This module is the first third of it:
   where the trainer's generation server is the ``vllm_model`` upstream and the trainer pulls the
   rollouts through polygym's HTTP API.
 
+Log-prob semantics: every token-carrying rollout says how its log-probs were taken (server,
+temperature, raw or processed; ``TokenRollout.logprob_semantics``); a step whose rollouts disagree
+is refused (``MixedLogprobSemanticsError``) unless ``allow_mixed_logprob_semantics``, and each step
+line lists the semantics it saw.
+
 Every rollout is also written to disk as by ``gym eval run --blend`` (``X.jsonl``, ``X_steps.jsonl``
 ... next to ``output``), so a training step can be inspected or replayed later.
 
 The stats are what a training dashboard needs per environment and step: reward mean/std and pass
 rate, the share of zero-variance prompt groups (no GRPO signal), tokens (all and generated), turns,
 truncated episodes, masked rollouts (non-contiguous or without token ids), failures and stragglers,
-and the realized vs target share of the step.
+the realized vs target share of the step in prompts, and each environment's share of the step's
+trained tokens (``trained_token_share``) and of its loss weight (``gradient_share``).
 """
 
 from __future__ import annotations
@@ -75,6 +81,15 @@ class EnvTokenStats(EnvStepReport):
     non_contiguous: int
     reward_components: dict[str, float] = field(default_factory=dict)
     """Mean of each extra numeric verifier field over the completed rollouts."""
+    trained_token_share: float | None = None
+    """This environment's share of the step's trained tokens (``generated_tokens``: unmasked
+    completion tokens), i.e. its share of a token-averaged loss. Quotas are exact in prompts, not
+    in tokens: an environment with long episodes takes more of the gradient than of the prompts."""
+    loss_weight: float = 1.0
+    """Per-token loss weight the trainer gave this environment (``PolygymGRPO(gradient_share="plan")``)."""
+    gradient_share: float | None = None
+    """Share of the step's loss weight: ``generated_tokens x loss_weight`` over the step's total
+    (equal to ``trained_token_share`` when every weight is 1)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,6 +145,19 @@ class TokenStep:
     def total(self) -> EnvTokenStats:
         return self.stats[ALL_ENVS]
 
+    def set_loss_weights(self, weights: dict[str, float]) -> None:
+        """Record the per-token loss weight of each environment (default 1.0) and the token and
+        gradient shares that follow from it."""
+        envs = {env: s for env, s in self.stats.items() if env != ALL_ENVS}
+        trained = sum(s.generated_tokens for s in envs.values())
+        weighted = sum(s.generated_tokens * weights.get(env, 1.0) for env, s in envs.items())
+        for env, stats in envs.items():
+            stats.loss_weight = weights.get(env, 1.0)
+            stats.trained_token_share = stats.generated_tokens / trained if trained else None
+            stats.gradient_share = stats.generated_tokens * stats.loss_weight / weighted if weighted else None
+        self.total.trained_token_share = 1.0 if trained else None
+        self.total.gradient_share = 1.0 if weighted else None
+
     def metrics(self, prefix: str = "polygym") -> dict[str, float]:
         """Flat ``{prefix}/{env}/{stat}`` values for a trainer's logs (``_all`` as ``all``)."""
         out = {}
@@ -138,26 +166,62 @@ class TokenStep:
             out.update({f"{prefix}/{name}/{k}": v for k, v in stats.log_values().items()})
         return out
 
+    @property
+    def logprob_semantics(self) -> list[dict[str, Any]]:
+        """The distinct log-prob semantics of the step's token-carrying rollouts (one when sound)."""
+        return distinct_semantics(self.rollouts)
+
     def log_lines(self) -> list[dict[str, Any]]:
         """One JSON-ready line per environment and the roll-up, with the step's wall time."""
-        extra = {"elapsed_s": round(self.report.elapsed_s, 4), "timed_out": self.report.timed_out}
+        extra = {
+            "elapsed_s": round(self.report.elapsed_s, 4),
+            "timed_out": self.report.timed_out,
+            "logprob_semantics": self.logprob_semantics,
+        }
         return [{**stats.to_dict(), **extra} for stats in self.stats.values()]
 
 
-def token_step(report: StepReport, input_keys: dict[str, set[str]] | None = None) -> TokenStep:
-    """Assemble a step report's rollouts and compute its per-environment token stats."""
+class MixedLogprobSemanticsError(ValueError):
+    """One step's rollouts carry log-probs taken in different ways (another server, temperature or
+    processing): an importance ratio or KL over them would compare different distributions."""
+
+
+def distinct_semantics(rollouts: list[TokenRollout]) -> list[dict[str, Any]]:
+    """Each different ``logprob_semantics`` among rollouts that stated one, in first-seen order."""
+    seen: list[dict[str, Any]] = []
+    for rollout in rollouts:
+        if rollout.logprob_semantics is not None and rollout.logprob_semantics not in seen:
+            seen.append(rollout.logprob_semantics)
+    return seen
+
+
+def token_step(
+    report: StepReport, input_keys: dict[str, set[str]] | None = None, allow_mixed_semantics: bool = False
+) -> TokenStep:
+    """Assemble a step report's rollouts and compute its per-environment token stats.
+
+    Raises ``MixedLogprobSemanticsError`` when rollouts state different log-prob semantics,
+    unless ``allow_mixed_semantics`` (then ``TokenStep.logprob_semantics`` lists them)."""
     input_keys = input_keys or {}
     rollouts = [
         assemble(r, env=r.get(ENV_FIELD), input_keys=input_keys.get(str(r.get(ENV_FIELD)), ()))
         for r in report.rollouts
     ]
     rollouts.sort(key=lambda r: (r.group_id, r.rollout_index))
+    kinds = distinct_semantics(rollouts)
+    if len(kinds) > 1 and not allow_mixed_semantics:
+        parts = [
+            f"{k} ({', '.join(sorted({r.env for r in rollouts if r.logprob_semantics == k}))})" for k in kinds
+        ]
+        raise MixedLogprobSemanticsError(f"step {report.step} mixes log-probs taken as " + "; ".join(parts))
     stats = {
         env: env_token_stats(env_report, [r for r in rollouts if r.env == env])
         for env, env_report in report.envs.items()
     }
     stats[ALL_ENVS] = env_token_stats(report.total, rollouts)
-    return TokenStep(report.step, rollouts, stats, report)
+    step = TokenStep(report.step, rollouts, stats, report)
+    step.set_loss_weights({})
+    return step
 
 
 def _input_keys(blend: Blend) -> dict[str, set[str]]:
@@ -165,7 +229,12 @@ def _input_keys(blend: Blend) -> dict[str, set[str]]:
 
 
 async def stream_token_steps(
-    client: ServerClient, blend: Blend, output: Path, settings: StepSettings, overwrite: bool = False
+    client: ServerClient,
+    blend: Blend,
+    output: Path,
+    settings: StepSettings,
+    overwrite: bool = False,
+    allow_mixed_semantics: bool = False,
 ) -> AsyncGenerator[TokenStep, None]:
     """Collect steps ``start_step, start_step + 1, ...`` (``settings.steps`` of them, or fewer when
     the caller stops iterating) with token capture on; yields each finished step as a ``TokenStep``.
@@ -180,7 +249,7 @@ async def stream_token_steps(
     reports = _stream_steps(client, blend, files, settings)
     async with contextlib.aclosing(reports) as stream:
         async for report in stream:
-            yield token_step(report, keys)
+            yield token_step(report, keys, allow_mixed_semantics)
 
 
 class TokenCollector:
@@ -202,6 +271,7 @@ class TokenCollector:
         step_timeout_s: float | None = None,
         overwrite: bool = False,
         backend: str = "inline",
+        allow_mixed_logprob_semantics: bool = False,
     ) -> None:
         self.blend = spec if isinstance(spec, Blend) else load_blend(spec)
         self.output = Path(output)
@@ -210,6 +280,7 @@ class TokenCollector:
         self.sampling = sampling
         self.step_timeout_s = step_timeout_s
         self.overwrite = overwrite
+        self.allow_mixed_logprob_semantics = allow_mixed_logprob_semantics
         self.client: ServerClient | None = None
         self._session: StackSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -287,7 +358,14 @@ class TokenCollector:
             settings = StepSettings(
                 _FOREVER, number, self.limits, self.step_timeout_s, dict(self.sampling or {})
             )
-            self._stream = stream_token_steps(self.client, self.blend, self.output, settings, self.overwrite)
+            self._stream = stream_token_steps(
+                self.client,
+                self.blend,
+                self.output,
+                settings,
+                self.overwrite,
+                self.allow_mixed_logprob_semantics,
+            )
             self.overwrite = True  # this collector's own files from here on
         result = await anext(self._stream)
         self._next = number + 1

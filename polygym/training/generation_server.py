@@ -45,6 +45,7 @@ from typing import Any
 import orjson
 import torch
 
+from polygym.dialects.chat import logprob_semantics
 from polygym.net.listen import AppServer, bind_socket
 from polygym.servers.base import HTTPError, ServerConfig
 from polygym.servers.model import ModelServer
@@ -65,6 +66,15 @@ class GenerationRequest:
     @property
     def key(self) -> tuple[float, float, int]:
         return (self.temperature, self.top_p, self.top_k)
+
+    def semantics(self) -> dict[str, Any]:
+        """How ``generate`` takes this request's log-probs: from the scores ``generate`` sampled
+        from (temperature, top-p, top-k applied), or the raw logits when decoding greedily."""
+        if self.temperature <= 0:
+            return logprob_semantics("hf_generate", 0.0, "raw")
+        return logprob_semantics(
+            "hf_generate", self.temperature, "sampling_distribution", top_p=self.top_p, top_k=self.top_k
+        )
 
 
 @dataclass
@@ -292,6 +302,7 @@ class HFGenerator:
         if body.get("return_token_ids"):
             completion["prompt_token_ids"] = prompt
             choice["token_ids"] = result.token_ids
+            completion["logprob_semantics"] = request.semantics()
         if body.get("logprobs"):
             choice["logprobs"] = {
                 "content": [

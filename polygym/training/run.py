@@ -7,8 +7,13 @@ What one run does, in order (every file lands in ``--output DIR``):
    (``generation_server``) on a loopback port.
 2. Starts the blend's environments and agents in this process, with ``vllm_model`` pointed at that
    server and token capture on: every rollout is sampled from the current weights (on-policy).
-3. Validates every environment on its validation rows (greedy, one response per row), written as a
-   ``gym eval run`` would: ``validation_before.jsonl`` and ``validation_before_aggregate_metrics.json``.
+3. Validates every environment on its validation rows (greedy, one response per row, the same rows
+   each time: each environment's first ``--validation-limit``), written as a ``gym eval run``
+   would: ``validation_before.jsonl`` and ``validation_before_aggregate_metrics.json``. ``eval_only``
+   environments of the spec are validated too, never trained: they show what training on the
+   others does to them. With ``--validate-every N`` this repeats every N steps
+   (``validation/step_N.jsonl``); every validation adds one line per environment to
+   ``validation.jsonl`` (step, env, eval_only, reward_mean, n): the validation curves.
 4. Trains with TRL's ``GRPOTrainer`` through ``trl_adapter.PolygymGRPO``: each optimizer step is one
    step of the blend (exact per-environment quotas), collected through polygym's agents and
    verifiers. Each step's per-environment statistics go to ``train_log.jsonl`` (one line per
@@ -47,6 +52,7 @@ from polygym.row import ALL_ENVS, Job, make_job, reward
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
 from polygym.training.collector import TokenCollector, TokenStep
+from polygym.training.trl_adapter import GradientShare
 
 POLICY_NAME = "policy"
 
@@ -71,6 +77,18 @@ class RunSettings:
     train_layers: int | None = None
     """Train only the top N transformer blocks (None: every parameter)."""
     save_model: bool = False
+    validate_every: int | None = None
+    """Also validate every N optimizer steps (on top of before and after), into ``validation.jsonl``."""
+    seed: int | None = None
+    """The trainer's seed (TRL/torch: initialization, sampling of the served policy); None: the
+    blend spec's seed. The blend's seed alone decides which prompts each step holds."""
+    max_regression: dict[str, float] = field(default_factory=dict)
+    """Environment -> the largest drop of its mean validation reward vs step 0 tolerated."""
+    on_regression: str = "warn"
+    """"warn": report a larger drop; "stop": also end training after the current step."""
+    gradient_share: GradientShare = "tokens"
+    """"tokens": each trained token weighs 1 (an environment's gradient share follows its token
+    count); "plan": each environment's gradient share is its planned share (``trl_adapter``)."""
     trainer_overrides: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,8 +133,9 @@ def validation_jobs(blend: Blend, limit: int | None, sampling: dict[str, Any]) -
 
 def validate(
     collector: TokenCollector, blend: Blend, output: Path, limit: int | None, max_tokens: int | None
-) -> dict[str, float]:
-    """Collect the validation rollouts into ``output`` (a ``gym eval run`` file set); mean reward per env."""
+) -> dict[str, list[float]]:
+    """Collect the validation rollouts into ``output`` (a ``gym eval run`` file set); the rewards
+    of each environment. The same rows every time (each environment's first ``limit``), greedy."""
     sampling: dict[str, Any] = {"temperature": 0.0}
     if max_tokens is not None:
         sampling["max_output_tokens"] = max_tokens
@@ -132,7 +151,38 @@ def validate(
         env = agents.get((rollout.get("agent_ref") or {}).get("name", ""))
         if env is not None:
             rewards[env].append(reward(rollout))
+    return rewards
+
+
+def mean_rewards(rewards: dict[str, list[float]]) -> dict[str, float]:
     return {env: statistics.fmean(values) if values else math.nan for env, values in rewards.items()}
+
+
+def regressions(
+    step: int, before: dict[str, float], now: dict[str, float], limits: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Environments whose mean validation reward fell by more than their limit since step 0."""
+    found = []
+    for env, limit in limits.items():
+        drop = before.get(env, math.nan) - now.get(env, math.nan)
+        if math.isfinite(drop) and drop > limit:
+            found.append({"step": step, "env": env, "before": before[env], "now": now[env], "drop": drop})
+    return found
+
+
+def validation_lines(step: int, rewards: dict[str, list[float]], blend: Blend) -> list[dict[str, Any]]:
+    """``validation.jsonl`` lines: one per environment (trained or eval_only) after ``step`` updates."""
+    watched = {env.name for env in blend.environments if env.spec.eval_only}
+    return [
+        {
+            "step": step,
+            "env": env,
+            "eval_only": env in watched,
+            "reward_mean": statistics.fmean(values) if values else None,
+            "n": len(values),
+        }
+        for env, values in rewards.items()
+    ]
 
 
 def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
@@ -154,6 +204,9 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     missing = [env.name for env in validation.environments if not validation.rows[env.name]]
     if missing:
         raise ValueError(f"{settings.spec_path}: no validation rows for {', '.join(missing)}")
+    unknown = sorted(set(settings.max_regression) - {env.name for env in validation.environments})
+    if unknown:
+        raise ValueError(f"--max-regression: no environment {', '.join(unknown)} in {settings.spec_path}")
 
     t = time.perf_counter()
     model, tokenizer = load_policy(settings.model)
@@ -166,7 +219,38 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     log_path.write_text("")
     steps: list[TokenStep] = []
 
+    curves_path = out / "validation.jsonl"
+    curves_path.write_text("")
+    regressed: list[dict[str, Any]] = []
+
+    def check_regressions(step: int, now: dict[str, float]) -> bool:
+        found = regressions(step, before, now, settings.max_regression)
+        for r in found:
+            echo(
+                f"warning: {r['env']} validation reward fell {r['drop']:.3f} since step 0 "
+                f"({r['before']:.3f} -> {r['now']:.3f}; --max-regression {settings.max_regression[r['env']]})"
+            )
+        regressed.extend(found)
+        return bool(found)
+
     def on_step(step: TokenStep) -> None:
+        every = settings.validate_every
+        if every and step.step and step.step % every == 0:
+            # rollout_func hands over step k before its update: the policy has had k updates
+            t = time.perf_counter()
+            rewards = validate(
+                collector,
+                validation,
+                out / "validation" / f"step_{step.step}.jsonl",
+                settings.validation_limit,
+                settings.max_output_tokens,
+            )
+            append_jsonl(validation_lines(step.step, rewards, validation), curves_path)
+            took = time.perf_counter() - t
+            echo(f"validation at step {step.step}: {_rewards(mean_rewards(rewards))} ({took:.0f}s)")
+            if check_regressions(step.step, mean_rewards(rewards)) and settings.on_regression == "stop":
+                trainer.control.should_training_stop = True  # after this step's update
+                echo(f"stopping after step {step.step}: --on-regression stop")
         steps.append(step)
         append_jsonl(step.log_lines(), log_path)
         parts = [
@@ -175,9 +259,19 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             if env != ALL_ENVS and s.reward_mean is not None
         ]
         masked = step.total.masked
+        tokens = ", ".join(
+            f"{env} {s.trained_token_share:.0%}"
+            + (
+                f" (gradient {s.gradient_share:.0%})"
+                if s.loss_weight != 1.0 and s.gradient_share is not None
+                else ""
+            )
+            for env, s in step.stats.items()
+            if env != ALL_ENVS and s.trained_token_share is not None
+        )
         echo(
-            f"step {step.step}: reward {'; '.join(parts)}; {step.report.elapsed_s:.1f}s collect"
-            + (f"; {masked} masked" if masked else "")
+            f"step {step.step}: reward {'; '.join(parts)}; trained tokens {tokens}; "
+            f"{step.report.elapsed_s:.1f}s collect" + (f"; {masked} masked" if masked else "")
         )
 
     sampling: dict[str, Any] = {"temperature": settings.temperature}
@@ -197,23 +291,31 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         )
         with collector:
             t = time.perf_counter()
-            before = validate(
+            before_rewards = validate(
                 collector,
                 validation,
                 out / "validation_before.jsonl",
                 settings.validation_limit,
                 settings.max_output_tokens,
             )
+            append_jsonl(validation_lines(0, before_rewards, validation), curves_path)
+            before = mean_rewards(before_rewards)
             timings["validation_before_s"] = time.perf_counter() - t
             echo(f"validation before: {_rewards(before)} ({timings['validation_before_s']:.0f}s)")
 
-            grpo = PolygymGRPO(collector, settings.steps, on_step=on_step)
+            grpo = PolygymGRPO(
+                collector,
+                settings.steps,
+                on_step=on_step,
+                gradient_share=settings.gradient_share,
+            )
             trainer_settings = {
                 "learning_rate": settings.learning_rate,
                 "lr_scheduler_type": "constant",
                 "warmup_steps": 0,
                 "weight_decay": 0.0,
                 "max_grad_norm": 1.0,
+                **({"seed": settings.seed} if settings.seed is not None else {}),
                 **settings.trainer_overrides,
             }
             args = grpo.grpo_config(out / "trainer", **trainer_settings)
@@ -224,13 +326,16 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             write_jsonl(trainer.state.log_history, out / "trainer_log.jsonl")
 
             t = time.perf_counter()
-            after = validate(
+            after_rewards = validate(
                 collector,
                 validation,
                 out / "validation_after.jsonl",
                 settings.validation_limit,
                 settings.max_output_tokens,
             )
+            append_jsonl(validation_lines(trainer.state.global_step, after_rewards, validation), curves_path)
+            after = mean_rewards(after_rewards)
+            check_regressions(trainer.state.global_step, after)
             timings["validation_after_s"] = time.perf_counter() - t
             echo(f"validation after: {_rewards(after)} ({timings['validation_after_s']:.0f}s)")
     if settings.save_model:
@@ -245,9 +350,12 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     summary = {
         "settings": settings.to_dict(),
         "timings_s": {k: round(v, 1) for k, v in timings.items()},
+        "trainer_seed": args.seed,
+        "blend_seed": spec.seed,
         "validation_before": before,
         "validation_after": after,
         "regressions": comparison.regressions,
+        "validation_regressions": regressed,
         "generation": {
             "batches": generator.stats.batches,
             "sequences": generator.stats.sequences,
@@ -259,9 +367,29 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         "failed_rollouts": sum(s.total.failures for s in steps),
         "truncated_rollouts": sum(s.total.truncated for s in steps),
         "truncated_turns": sum(s.total.truncated_turns for s in steps),
+        "token_shares": token_shares(steps),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(out, steps, comparison, timings, summary)
+
+
+def token_shares(steps: Sequence[TokenStep]) -> dict[str, dict[str, float | None]]:
+    """Per environment over the whole run: planned share of the prompts, share of the trained
+    tokens and share of the loss weight (what the gradient followed)."""
+    envs = [env for env in (steps[0].stats if steps else {}) if env != ALL_ENVS]
+    trained = sum(s.total.generated_tokens for s in steps)
+    weighted = sum(s.stats[e].generated_tokens * s.stats[e].loss_weight for s in steps for e in envs)
+    out: dict[str, dict[str, float | None]] = {}
+    for env in envs:
+        tokens = sum(s.stats[env].generated_tokens for s in steps)
+        weight = sum(s.stats[env].generated_tokens * s.stats[env].loss_weight for s in steps)
+        out[env] = {
+            "planned_share": steps[0].stats[env].planned_share,
+            "trained_tokens": tokens,
+            "trained_token_share": tokens / trained if trained else None,
+            "gradient_share": weight / weighted if weighted else None,
+        }
+    return out
 
 
 def _rewards(rewards: dict[str, float]) -> str:

@@ -26,6 +26,11 @@ that breaks the rule is returned with ``contiguous=False``, a ``problem`` saying
 all-zero ``loss_mask`` (``masked=True``), so it contributes nothing to the loss while its reward is
 still reported. Rollouts with no token fields at all (token capture off, or an episode that ended
 before any model call) and rollouts whose ids and log-probs disagree are masked the same way.
+
+**Log-prob semantics.** A server states how it took each call's log-probs
+(``generation_logprob_semantics``: source, temperature, raw or after sampling processing); the
+rollout keeps it (``logprob_semantics``), and one whose calls disagree is masked: its log-probs
+are not one distribution's.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from polygym.dialects.chat import LOGPROB_SEMANTICS_FIELD
 from polygym.row import ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX, reward
 
 _NOT_COMPONENTS = frozenset({"reward", "responses_create_params", "response", "agent_ref"})
@@ -49,6 +55,8 @@ class ModelCall:
     log_probs: list[float]
     item_index: int
     """Index in ``response.output`` of the item that carried the fields."""
+    semantics: dict[str, Any] | None = None
+    """How the model server took the log-probs (``LOGPROB_SEMANTICS_FIELD``), when it said."""
 
 
 @dataclass
@@ -78,6 +86,9 @@ class TokenRollout:
     """True when ``loss_mask`` was zeroed because the rollout cannot be trained on as is."""
     problem: str | None = None
     step: int | None = None
+    logprob_semantics: dict[str, Any] | None = None
+    """How the rollout's log-probs were taken (source, temperature, processing), as its model
+    server stamped them; None when the server did not say."""
 
     @property
     def generated_tokens(self) -> int:
@@ -108,6 +119,9 @@ def model_calls(output: Iterable[Any]) -> list[ModelCall]:
                 generation_ids=[int(t) for t in item.get("generation_token_ids") or []],
                 log_probs=[float(x) for x in item.get("generation_log_probs") or []],
                 item_index=index,
+                semantics=semantics
+                if isinstance(semantics := item.get(LOGPROB_SEMANTICS_FIELD), dict)
+                else None,
             )
         )
     return calls
@@ -188,6 +202,7 @@ def assemble(rollout: dict[str, Any], env: str | None = None, input_keys: Iterab
         base.masked = True
         base.problem = "no model call carries token ids (is token capture on?)"
         return base
+    base.logprob_semantics = calls[0].semantics
     ids: list[int] = list(calls[0].prompt_ids)
     mask = [0] * len(ids)
     logprobs = [0.0] * len(ids)
@@ -197,6 +212,12 @@ def assemble(rollout: dict[str, Any], env: str | None = None, input_keys: Iterab
                 base,
                 call,
                 f"turn {turn}: {len(call.generation_ids)} generated ids but {len(call.log_probs)} log-probs",
+            )
+        if call.semantics != base.logprob_semantics:
+            return _masked(
+                base,
+                call,
+                f"turn {turn}: log-probs taken as {call.semantics}, turn 0's as {base.logprob_semantics}",
             )
         if turn > 0:
             if call.prompt_ids[: len(ids)] != ids:

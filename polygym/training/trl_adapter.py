@@ -21,6 +21,13 @@ How a step maps onto TRL:
   A non-contiguous or untrainable rollout arrives with an all-zero mask. A rollout that failed or
   missed the step deadline gets a one-token placeholder and a ``None`` reward, which TRL treats as
   unscorable (left out of its group's baseline, advantage 0).
+- **Gradient share**: quotas are exact in prompts, but TRL's token-averaged loss gives each
+  environment a share of the gradient proportional to its trained tokens (reported per step as
+  ``trained_token_share``). ``gradient_share="plan"`` scales each environment's loss mask (TRL's
+  ``env_mask`` becomes a per-token weight) so that its share of the step's loss weight equals its
+  planned share of the prompts (``advantages.plan_token_weights``); the step's total weight stays
+  its token count. It needs a loss that sums over tokens (``loss_type`` dapo, bnpo, dr_grpo, cispo,
+  luspo): "grpo"/"sapo" average each sequence first, which cancels a per-sequence weight.
 - **Rewards** come from the environments' verifiers: ``polygym_reward`` (the reward function to
   give TRL) returns them; TRL computes the group-relative advantages itself.
 - **Metrics**: every step's per-environment stats (``polygym/<env>/reward_mean``, ``.../realized_share``,
@@ -37,15 +44,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from polygym.protocol import input_items, item_text
+from polygym.training.advantages import plan_token_weights
 from polygym.training.collector import TokenCollector, TokenStep
 from polygym.training.tokens import TokenRollout
 
 REWARD_FIELD = "polygym_reward"
 ENV_COLUMN = "polygym_env"
 TASK_COLUMN = "polygym_task"
+GradientShare = Literal["tokens", "plan"]
+GRADIENT_SHARES: tuple[GradientShare, ...] = ("tokens", "plan")
+_PER_SEQUENCE_LOSSES = frozenset({"grpo", "sapo"})
 
 
 def prompt_messages(row: dict[str, Any]) -> list[dict[str, str]]:
@@ -79,8 +90,14 @@ class PolygymGRPO:
         start_step: int = 0,
         on_step: Callable[[TokenStep], None] | None = None,
         metrics_prefix: str = "polygym",
+        gradient_share: GradientShare = "tokens",
     ) -> None:
+        if gradient_share not in GRADIENT_SHARES:
+            raise ValueError(
+                f"gradient_share must be one of {', '.join(GRADIENT_SHARES)}, not {gradient_share!r}"
+            )
         self.collector = collector
+        self.gradient_share = gradient_share
         self.steps = steps
         self.start_step = start_step
         self.on_step = on_step
@@ -208,6 +225,11 @@ class PolygymGRPO:
                 f"temperature must be the sampling temperature {self.temperature} (TRL computes the "
                 f"training log-probs at it), not {args.temperature}"
             )
+        if self.gradient_share == "plan" and getattr(args, "loss_type", "dapo") in _PER_SEQUENCE_LOSSES:
+            problems.append(
+                f"gradient_share='plan' needs a token-summed loss_type (dapo, bnpo, dr_grpo, cispo, luspo), "
+                f"not {args.loss_type!r}: it averages each sequence, cancelling the weights"
+            )
         if getattr(args, "num_iterations", 1) != 1:
             problems.append("num_iterations must be 1 (each generation batch is a fresh polygym step)")
         if problems:
@@ -226,6 +248,7 @@ class PolygymGRPO:
         step = self.collector.step(number)
         self.next_step = number + 1
         self.history.append(step)
+        self.weigh(step)
         pad = trainer.processing_class.pad_token_id if hasattr(trainer, "processing_class") else 0
         outputs = self.batch(step, pad_id=pad if pad is not None else 0)
         metrics = getattr(trainer, "_metrics", None)
@@ -239,6 +262,18 @@ class PolygymGRPO:
     def _expected_prompts(self, number: int) -> list[list[dict[str, str]]]:
         step = self.sampler.step(number)
         return [prompt_messages(item.row) for item in step.items for _ in range(self.responses_per_prompt)]
+
+    def weigh(self, step: TokenStep) -> None:
+        """Set the step's per-environment loss weights (all 1.0 unless ``gradient_share="plan"``)."""
+        if self.gradient_share != "plan":
+            return
+        envs = {env: s for env, s in step.stats.items() if env in self.plan.quotas}
+        step.set_loss_weights(
+            plan_token_weights(
+                {env: s.generated_tokens for env, s in envs.items()},
+                {env: s.planned_share for env, s in envs.items()},
+            )
+        )
 
     def batch(self, step: TokenStep, pad_id: int = 0) -> dict[str, list[Any]]:
         """``rollout_func`` output for a collected step, in TRL's order (prompt-major, R each)."""
@@ -259,15 +294,17 @@ class PolygymGRPO:
                 if rollout is None or not rollout.completion_ids:
                     self._placeholder(out, pad_id, envs[i], rollout)
                     continue
-                self._append(out, rollout)
+                stats = step.stats.get(rollout.env)
+                self._append(out, rollout, stats.loss_weight if stats is not None else 1.0)
         return out
 
     @staticmethod
-    def _append(out: dict[str, list[Any]], rollout: TokenRollout) -> None:
+    def _append(out: dict[str, list[Any]], rollout: TokenRollout, weight: float = 1.0) -> None:
         out["prompt_ids"].append(rollout.input_ids[: rollout.prompt_length])
         out["completion_ids"].append(rollout.completion_ids)
         out["logprobs"].append(rollout.completion_logprobs)
-        out["env_mask"].append(rollout.completion_mask)
+        mask = rollout.completion_mask
+        out["env_mask"].append(mask if weight == 1.0 else [m * weight for m in mask])
         out[REWARD_FIELD].append(rollout.reward)
         out[ENV_COLUMN].append(rollout.env)
 

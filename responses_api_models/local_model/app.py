@@ -361,7 +361,7 @@ class LocalModel(ModelServer[Config]):
         if want_logprobs:
             choice["logprobs"] = {"content": _logprob_entries(turn.generation, top)}
         if want_tokens:
-            choice["message"].update(_training_fields(turn))
+            choice["message"].update(_training_fields(turn, self._temperature(params)))
         cached = turn.generation.cached_tokens
         completion["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
         return completion
@@ -466,12 +466,15 @@ class LocalModel(ModelServer[Config]):
             )
         return prompt_ids
 
+    def _temperature(self, body: dict[str, Any]) -> float | None:
+        return _number(body, "temperature", self.config.temperature, float, 0, 2)
+
     def _sampling(self, body: dict[str, Any], room: int) -> dict[str, Any]:
         cfg = self.config
         max_tokens = _number(body, "max_output_tokens", cfg.max_output_tokens, int, 1, None)
         options: dict[str, Any] = {
             "n_predict": min(max_tokens, room),
-            "temperature": _number(body, "temperature", cfg.temperature, float, 0, 2),
+            "temperature": self._temperature(body),
             "top_p": _number(body, "top_p", cfg.top_p, float, 0, 1),
             "top_k": _number(body, "top_k", cfg.top_k, int, 0, None),
             "min_p": _number(body, "min_p", cfg.min_p, float, 0, 1),
@@ -502,7 +505,7 @@ class LocalModel(ModelServer[Config]):
         for call in turn.parsed.calls:
             output.append(function_call_item(call.name, json.dumps(call.arguments, ensure_ascii=False)))
         if want_tokens:
-            output[-1].update(_training_fields(turn))
+            output[-1].update(_training_fields(turn, self._temperature(body)))
         extra: dict[str, Any] = {"error": None, "incomplete_details": None}
         status = "completed"
         if generation.finish_reason == "length" and not turn.parsed.calls:
@@ -539,10 +542,16 @@ def _fresh_calls(calls: list[ParsedCall], seen: set[str]) -> list[ParsedCall]:
     return fresh
 
 
-def _training_fields(turn: Turn) -> dict[str, Any]:
+def _training_fields(turn: Turn, temperature: float | None) -> dict[str, Any]:
+    """The training token fields, stamped with llama.cpp's log-prob semantics: without
+    ``post_sampling_probs`` its probabilities are the model's raw distribution."""
     generation = turn.generation
     values = (list(turn.prompt_ids), list(generation.token_ids), list(generation.log_probs))
-    return dict(zip(TRAINING_TOKEN_FIELDS, values, strict=True))
+    semantics = chat_convert.logprob_semantics("llama_cpp", temperature, "raw")
+    return {
+        **dict(zip(TRAINING_TOKEN_FIELDS, values, strict=True)),
+        chat_convert.LOGPROB_SEMANTICS_FIELD: semantics,
+    }
 
 
 def _logprob_entries(generation: Generation, top: int) -> list[dict[str, Any]]:

@@ -490,7 +490,8 @@ class ScriptedModel(ModelServer[Config]):
         if flag if isinstance(flag, bool) else self.config.return_token_ids:
             generated = fake_token_ids([item])
             prompt = fake_token_ids(_checked_items(body), body.get("instructions"))
-            chat_convert.attach_token_fields([item], prompt, generated, [0.0] * len(generated))
+            semantics = chat_convert.logprob_semantics("scripted", body.get("temperature"), "none")
+            chat_convert.attach_token_fields([item], prompt, generated, [0.0] * len(generated), semantics)
         echoed = {key: body.get(key, default) for key, default in ECHOED_RESPONSE_FIELDS.items()}
         return new_response(
             [item],

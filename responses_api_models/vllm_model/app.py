@@ -168,6 +168,16 @@ def token_fields(completion: dict[str, Any]) -> tuple[list[int], list[int], list
     return [int(t) for t in prompt], [int(t) for t in generated], log_probs
 
 
+def upstream_semantics(completion: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any]:
+    """How the upstream's log-probs were taken: what it says (polygym's generation server says
+    ``logprob_semantics``), else vLLM's default: the raw model distribution (``logprobs_mode:
+    raw_logprobs``), before the request's temperature and top-p."""
+    stated = completion.get("logprob_semantics")
+    if isinstance(stated, dict):
+        return stated
+    return chat_convert.logprob_semantics("vllm", chat.get("temperature"), "raw")
+
+
 def _ids_from_logprob_tokens(content: list[dict[str, Any]]) -> list[int] | None:
     ids = []
     for entry in content:
@@ -289,7 +299,9 @@ class VLLMModel(ModelServer[Config]):
         )
         if want_tokens:
             try:
-                chat_convert.attach_token_fields(response["output"], *token_fields(completion))
+                chat_convert.attach_token_fields(
+                    response["output"], *token_fields(completion), upstream_semantics(completion, chat)
+                )
             except TokenCaptureError as exc:
                 raise HTTPError(
                     502,

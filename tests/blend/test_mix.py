@@ -71,3 +71,26 @@ prompts_per_step: 2
         in (problems[1])
     )
     assert "Did you mean 'example_single_tool_call_simple_agent'?" in problems[1]
+
+
+def test_an_eval_only_environment_is_served_and_validated_but_never_trained(tmp_path: Path) -> None:
+    from polygym.blend.mix import load_blend
+    from polygym.collect.dataset import DatasetError
+
+    spec = write(
+        tmp_path / "s.yaml",
+        f"""
+environments:
+  {ENVS[0]}: {{train: {example(ENVS[0])}}}
+  {ENVS[1]}: {{eval_only: true, validation: {example(ENVS[1])}}}
+prompts_per_step: 2
+""",
+    )
+    blend = load_blend(load_spec(spec))
+    assert blend.rows[ENVS[1]] == [] and blend.plan().quotas == {ENVS[0]: 2}
+    assert {row["agent_ref"]["name"] for row in blend.ordered("concat")} == {f"{ENVS[0]}_simple_agent"}
+    assert {i.env for s in blend.sampler().steps(0, 3) for i in s.items} == {ENVS[0]}
+    assert load_blend(load_spec(spec), split="validation").rows[ENVS[1]]
+    unwatched = write(tmp_path / "u.yaml", spec.read_text().replace(f", validation: {example(ENVS[1])}", ""))
+    with pytest.raises(DatasetError, match=f"environments \\({ENVS[1]}\\): eval_only but no validation rows"):
+        load_blend(load_spec(unwatched))

@@ -112,3 +112,28 @@ def test_flags_form_reads_configured_datasets() -> None:
         BlendSpecError, match=r"--env: environments\[0\].weight: Input should be greater than 0"
     ):
         spec_from_flags(["example_multi_step=0"])
+
+
+def test_eval_only_environments_get_no_quota_and_are_checked(tmp_path: Path) -> None:
+    raw = {
+        "environments": {"a": {"weight": 3}, "b": {}, "watched": {"eval_only": True}},
+        "prompts_per_step": 4,
+    }
+    spec = parse_spec(raw, "blend.yaml", tmp_path)
+    assert [e.name for e in spec.trained] == ["a", "b"]
+    plan = spec.plan()
+    assert plan.quotas == {"a": 3, "b": 1}
+    bad = {
+        "environments": {"a": {}, "watched": {"eval_only": True, "weight": 2, "min_per_step": 1}},
+        "prompts_per_step": 2,
+    }
+    with pytest.raises(
+        BlendSpecError,
+        match=r"environments\.watched: an eval_only environment gets no training quota: "
+        r"remove min_per_step, weight",
+    ):
+        parse_spec(bad, "blend.yaml", tmp_path)
+    with pytest.raises(BlendSpecError, match="at least one must be trained"):
+        parse_spec(
+            {"environments": {"w": {"eval_only": True}}, "prompts_per_step": 1}, "blend.yaml", tmp_path
+        )

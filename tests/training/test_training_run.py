@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from click.testing import CliRunner
 
 from polygym.cli import gym
 from polygym.jsonl import iter_jsonl
+from tests.conftest import ROOT
 
 GAME = {
     "responses_create_params": {"input": [{"role": "system", "content": "Guess."}], "max_output_tokens": 4},
@@ -37,6 +39,9 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
         "    agent: guess_number_gymnasium_agent\n"
         "    train: games.jsonl\n"
         "    validation: games.jsonl\n"
+        "  example_single_tool_call:\n"
+        "    eval_only: true\n"
+        f"    validation: {ROOT / 'resources_servers/example_single_tool_call/data/example.jsonl'}\n"
         "prompts_per_step: 2\n"
         "responses_per_prompt: 2\n"
     )
@@ -61,6 +66,10 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
             "1",
             "--learning-rate",
             "1e-3",
+            "--validate-every",
+            "1",
+            "--max-regression",
+            "guess_number=1",
         ],
         catch_exceptions=False,
     )
@@ -78,16 +87,42 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
         assert {m["agent_ref"]["name"] for m in metrics} == {
             "mcqa_simple_agent",
             "guess_number_gymnasium_agent",
+            "example_single_tool_call_simple_agent",
         }
-        assert len(list(iter_jsonl(out / f"validation_{phase}.jsonl"))) == 3  # 2 mcqa + 1 game
+        assert len(list(iter_jsonl(out / f"validation_{phase}.jsonl"))) == 5  # 2 mcqa + 1 game + 2 watched
+    # validation curves: before (0), after step 1's... every step, and the end (2); the eval_only
+    # environment is validated every time but never trained
+    curves = list(iter_jsonl(out / "validation.jsonl"))
+    assert [(c["step"], c["env"]) for c in curves] == [
+        (s, env) for s in (0, 1, 2) for env in ("mcqa", "guess_number", "example_single_tool_call")
+    ]
+    assert [c["n"] for c in curves[:3]] == [2, 1, 2] and [c["eval_only"] for c in curves[:3]] == [
+        False,
+        False,
+        True,
+    ]
+    assert (out / "validation" / "step_1.jsonl").is_file()
+    assert "example_single_tool_call" not in {line["env"] for line in lines}
     comparison = json.loads((out / "comparison.json").read_text())
     assert {e["env"] for e in comparison["environments"]} >= {
         "mcqa_simple_agent",
         "guess_number_gymnasium_agent",
     }
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["validation_regressions"] == []  # a drop of more than 1 is impossible here
+    assert summary["trainer_seed"] == summary["blend_seed"] == 0  # default: the spec's seed
     assert set(summary["timings_s"]) >= {"load_model_s", "validation_before_s", "train_s", "total_s"}
     assert summary["generation"]["sequences"] >= 2 * 4
+    trained = {
+        env: sum(line["generated_tokens"] for line in lines if line["env"] == env)
+        for env in ("mcqa", "guess_number")
+    }
+    for env, tokens in trained.items():
+        shares = summary["token_shares"][env]
+        assert shares["planned_share"] == 0.5 and shares["trained_tokens"] == tokens
+        if sum(trained.values()):
+            assert shares["trained_token_share"] == pytest.approx(tokens / sum(trained.values()))
+    assert all("trained_token_share" in line and "gradient_share" in line for line in lines)
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -98,3 +133,54 @@ def test_gym_train_run_reports_a_missing_model_package(tmp_path: Path) -> None:
         gym, ["train", "run", str(spec), "-o", str(tmp_path / "o"), "--model", "nope"]
     )
     assert result.exit_code == 2 and "unknown model 'nope'" in result.output
+
+
+def test_max_regression_flags_are_checked_and_drops_are_found(tmp_path: Path) -> None:
+    from polygym.training.run import regressions
+
+    spec = tmp_path / "blend.yaml"
+    spec.write_text("environments:\n  mcqa: {}\nprompts_per_step: 1\n")
+    base = ["train", "run", str(spec), "-o", str(tmp_path / "o"), "--model", "tiny"]
+    bad = CliRunner().invoke(gym, [*base, "--max-regression", "mcqa"])
+    assert bad.exit_code == 2 and "--max-regression 'mcqa': expected ENV=DELTA" in bad.output
+    unknown = CliRunner().invoke(gym, [*base, "--max-regression", "mcq=0.1"])
+    assert unknown.exit_code == 2 and "--max-regression: no environment mcq in" in unknown.output
+    before = {"a": 0.5, "b": 0.5, "c": float("nan")}
+    found = regressions(3, before, {"a": 0.3, "b": 0.45, "c": 0.0}, {"a": 0.1, "b": 0.1, "c": 0.0})
+    assert found == [{"step": 3, "env": "a", "before": 0.5, "now": 0.3, "drop": pytest.approx(0.2)}]
+
+
+def test_on_regression_stop_ends_training_after_the_regressed_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from polygym.training import run as run_module
+
+    def always(step: int, before: Any, now: Any, limits: Any) -> list[dict[str, Any]]:
+        return [{"step": step, "env": "mcqa", "before": 1.0, "now": 0.0, "drop": 1.0}]
+
+    monkeypatch.setattr(run_module, "regressions", always)
+    spec = tmp_path / "blend.yaml"
+    spec.write_text("environments:\n  mcqa: {}\nprompts_per_step: 2\nresponses_per_prompt: 2\n")
+    out = tmp_path / "run"
+    args = ["train", "run", str(spec), "-o", str(out), "--model", "tiny", "--steps", "4"]
+    args += ["--validation-limit", "1", "--max-output-tokens", "2", "--train-layers", "1"]
+    args += [
+        "--validate-every",
+        "1",
+        "--max-regression",
+        "mcqa=0.1",
+        "--on-regression",
+        "stop",
+        "--seed",
+        "7",
+    ]
+    result = CliRunner().invoke(gym, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "warning: mcqa validation reward fell 1.000" in result.output
+    assert "stopping after step 1" in result.output
+    trained = {line["step"] for line in iter_jsonl(out / "train_log.jsonl")}
+    assert trained == {0, 1}  # step 1's update ran, steps 2 and 3 never did
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["validation_regressions"][0]["step"] == 1
+    assert summary["trainer_seed"] == 7 and summary["blend_seed"] == 0  # separate seeds
+    assert [c["step"] for c in iter_jsonl(out / "validation.jsonl")] == [0, 1, 2]  # the end: 2 updates

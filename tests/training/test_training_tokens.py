@@ -16,13 +16,21 @@ import pytest
 from polygym.blend.mix import load_blend
 from polygym.blend.spec import BlendSpec, parse_spec
 from polygym.blend.stepwise import StepFiles
+from polygym.dialects.chat import LOGPROB_SEMANTICS_FIELD
 from polygym.jsonl import iter_jsonl
-from polygym.row import ALL_ENVS, ROLLOUT_INDEX, TASK_INDEX
+from polygym.row import ALL_ENVS, ENV_FIELD, ROLLOUT_INDEX, TASK_INDEX
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.training.advantages import group_advantages, zero_variance_groups
-from polygym.training.collector import TokenCollector, TokenStep, env_token_stats
+from polygym.training.collector import (
+    MixedLogprobSemanticsError,
+    TokenCollector,
+    TokenStep,
+    env_token_stats,
+    token_step,
+)
 from polygym.training.tokens import assemble, model_calls
+from polygym.training.trl_adapter import PolygymGRPO
 from responses_api_models.scripted_model.app import fake_token_ids
 
 ENVS = ("example_single_tool_call", "example_multi_step")
@@ -253,3 +261,106 @@ def test_turns_cut_at_the_token_limit_are_counted_per_turn_and_per_rollout() -> 
     assert assemble(short, env="g").truncated_turns == 0 and not assemble(short, env="g").truncated
     unlimited = {**game, "responses_create_params": {"input": []}}
     assert assemble(unlimited, env="g").truncated_turns == 0
+
+
+def test_plan_token_weights_make_the_weighted_share_the_plan() -> None:
+    from polygym.training.advantages import plan_token_weights
+
+    tokens = {"long": 710, "short": 290, "idle": 0}
+    weights = plan_token_weights(tokens, {"long": 0.5, "short": 0.3, "idle": 0.2})
+    weighted = {env: tokens[env] * w for env, w in weights.items()}
+    total = sum(weighted.values())
+    assert total == pytest.approx(1000)  # loss scale kept
+    assert weighted["long"] / total == pytest.approx(0.5 / 0.8) and weighted[
+        "short"
+    ] / total == pytest.approx(0.3 / 0.8)
+    assert weights["idle"] == 1.0
+    assert plan_token_weights({"a": 5}, {"a": 0.0}) == {"a": 1.0}
+
+
+def _env_sums(batch: dict[str, list[Any]]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for env, mask in zip(batch["polygym_env"], batch["env_mask"], strict=True):
+        sums[env] = sums.get(env, 0.0) + sum(mask)
+    return sums
+
+
+def test_token_shares_are_reported_and_plan_normalization_follows_the_plan(
+    collected: tuple[list[TokenStep], Path], tmp_path: Path
+) -> None:
+    """A multi-step tool episode trains more tokens than a single tool call from the same number of
+    prompts: the step reports each share as counted, and gradient_share="plan" weighs them back."""
+    step = collected[0][1]
+    # never started: the adapter only reads its blend and sampling
+    collector = TokenCollector(spec(tmp_path), tmp_path / "unused.jsonl", head_url="http://127.0.0.1:1")
+    counted = {env: sum(r.generated_tokens for r in step.rollouts if r.env == env) for env in ENVS}
+    total = sum(counted.values())
+    assert counted[ENVS[1]] > 1.5 * counted[ENVS[0]]  # the premise: multi-step episodes are longer
+    for env, tokens in counted.items():
+        stats = step.stats[env]
+        assert stats.planned_share == 0.5
+        assert stats.trained_token_share == pytest.approx(tokens / total)
+        assert stats.gradient_share == pytest.approx(tokens / total) and stats.loss_weight == 1.0
+    plain = PolygymGRPO(collector, steps=1, start_step=1).batch(step)
+    assert _env_sums(plain) == pytest.approx({env: float(n) for env, n in counted.items()})
+
+    grpo = PolygymGRPO(collector, steps=1, start_step=1, gradient_share="plan")
+    grpo.weigh(step)
+    weighted = _env_sums(grpo.batch(step))
+    assert sum(weighted.values()) == pytest.approx(total)  # the loss scale is unchanged
+    for env in counted:
+        assert weighted[env] / total == pytest.approx(0.5)
+        assert step.stats[env].gradient_share == pytest.approx(0.5)
+        assert step.stats[env].trained_token_share == pytest.approx(counted[env] / total)
+    assert step.metrics()["polygym/example_single_tool_call/gradient_share"] == pytest.approx(0.5)
+
+
+def test_rollouts_carry_their_log_prob_semantics_and_a_mixed_step_is_refused(
+    collected: tuple[list[TokenStep], Path],
+) -> None:
+    steps, _ = collected
+    scripted = {"source": "scripted", "temperature": None, "processed": "none"}
+    assert all(r.logprob_semantics == scripted for s in steps for r in s.rollouts)
+    assert steps[0].logprob_semantics == [scripted] and steps[0].log_lines()[0]["logprob_semantics"] == [
+        scripted
+    ]
+
+    report = copy.deepcopy(steps[0].report)
+    vllm = {"source": "vllm", "temperature": 1.0, "processed": "raw"}
+    victim = next(r for r in report.rollouts if r[ENV_FIELD] == ENVS[1])
+    for item in victim["response"]["output"]:
+        if LOGPROB_SEMANTICS_FIELD in item:
+            item[LOGPROB_SEMANTICS_FIELD] = vllm
+    with pytest.raises(
+        MixedLogprobSemanticsError, match=r"step 0 mixes log-probs.*'vllm'.*example_multi_step"
+    ):
+        token_step(report)
+    mixed = token_step(report, allow_mixed_semantics=True)
+    assert mixed.logprob_semantics == [scripted, vllm]
+
+    # one rollout whose turns disagree is masked: its log-probs are not one distribution's
+    calls = [i for i in victim["response"]["output"] if LOGPROB_SEMANTICS_FIELD in i]
+    assert len(calls) > 1
+    calls[0][LOGPROB_SEMANTICS_FIELD] = scripted
+    rollout = assemble(victim)
+    assert rollout.masked and "log-probs taken as" in (rollout.problem or "") and sum(rollout.loss_mask) == 0
+
+
+def test_vllm_upstream_semantics_default_to_vllm_raw_log_probs() -> None:
+    from responses_api_models.vllm_model.app import upstream_semantics
+
+    assert upstream_semantics({}, {"temperature": 0.7}) == {
+        "source": "vllm",
+        "temperature": 0.7,
+        "processed": "raw",
+    }
+    stated = {"source": "hf_generate", "temperature": 0.7, "processed": "sampling_distribution"}
+    assert upstream_semantics({"logprob_semantics": stated}, {"temperature": 0.7}) == stated
+
+
+def test_log_prob_semantics_are_stripped_with_the_token_fields_before_an_upstream_sees_them() -> None:
+    from polygym.dialects.chat import attach_token_fields, strip_token_fields
+
+    output = [{"type": "message", "role": "assistant", "content": []}]
+    attach_token_fields(output, [1], [2], [-0.5], {"source": "vllm", "temperature": 1.0, "processed": "raw"})
+    assert strip_token_fields(output) == [{"type": "message", "role": "assistant", "content": []}]

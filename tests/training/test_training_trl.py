@@ -10,6 +10,7 @@ trained, TRL computes advantages and updates those weights.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,15 @@ def test_batch_layout_matches_trl_order(setup: dict[str, Any]) -> None:
         assert batch["env_mask"][k] == rollout.completion_mask
         assert len(batch["logprobs"][k]) == len(batch["completion_ids"][k])
         assert batch["polygym_reward"][k] == rollout.reward
+    # the generation server states how it took the log-probs, vllm_model passes it on
+    sampled = {
+        "source": "hf_generate",
+        "temperature": 1.0,
+        "processed": "sampling_distribution",
+        "top_p": 1.0,
+        "top_k": 0,
+    }
+    assert step.logprob_semantics == [sampled]
     games = [r for r in step.rollouts if r.env == "guess_number" and r.num_turns > 1 and not r.masked]
     for rollout in games:  # environment turns sit inside the completion with mask 0
         assert 0 in rollout.completion_mask and rollout.completion_mask[0] == 1
@@ -174,3 +184,23 @@ def test_plot_from_a_log(tmp_path: Path) -> None:
     log.write_text("".join(__import__("json").dumps(line) + "\n" for line in lines))
     plot_curves(log, tmp_path / "c.png", {"a": 0.1, "b": 0.9}, {"a": 0.5, "b": 0.4})
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_normalization_trains_and_refuses_a_per_sequence_loss(setup: dict[str, Any]) -> None:
+    model, tokenizer, collector = setup["model"], setup["tokenizer"], setup["collector"]
+    grpo = PolygymGRPO(collector, steps=1, start_step=8, gradient_share="plan")
+    with pytest.raises(ValueError, match="gradient_share='plan' needs a token-summed loss_type"):
+        grpo.trainer(model, tokenizer, grpo.grpo_config(setup["tmp"] / "t", loss_type="grpo"))
+    trainer = grpo.trainer(
+        model, tokenizer, grpo.grpo_config(setup["tmp"] / "t"), extra_reward_funcs=[digits_bonus]
+    )
+    trainer.train()  # TRL takes the weighted (float) env_mask
+    log = trainer.state.log_history[0]
+    shares = [
+        log[f"polygym/{env}/gradient_share"]
+        for env in ("mcqa", "guess_number")
+        if f"polygym/{env}/gradient_share" in log
+    ]
+    assert sum(shares) == pytest.approx(1.0) and math.isfinite(log["loss"])
+    with pytest.raises(ValueError, match="gradient_share must be one of"):
+        PolygymGRPO(collector, steps=1, gradient_share="equal")  # type: ignore[arg-type]
