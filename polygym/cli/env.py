@@ -30,8 +30,9 @@ from polygym.cli.placement_options import placement_options, replica_counts
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import NO_RETRY
 from polygym.stack import records as stacks
+from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError
-from polygym.stack.launcher import BACKENDS, LaunchError, Stack
+from polygym.stack.launcher import BACKENDS, Stack
 from polygym.suggest import unknown_name_message
 
 DEFAULT_BACKEND = "inline"

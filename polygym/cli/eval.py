@@ -58,8 +58,9 @@ from polygym.protocol import AGENT_KIND
 from polygym.redact import redact_argv
 from polygym.row import ALL_ENVS, env_label
 from polygym.stack import records as stacks
+from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError, StackConfig, parse_override
-from polygym.stack.launcher import BACKENDS, LaunchError, Stack, SubprocessBackend
+from polygym.stack.launcher import BACKENDS, Stack, SubprocessBackend
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
 

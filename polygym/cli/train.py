@@ -34,8 +34,8 @@ from polygym.collect.dataset import DatasetError
 from polygym.collect.run_files import RunFileError
 from polygym.jsonl import count_rows, iter_jsonl
 from polygym.net.client import ServerCallError
+from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError, StackConfig
-from polygym.stack.launcher import LaunchError
 from polygym.stack.session import StackSession, StackTarget
 from polygym.training.trl_adapter import GRADIENT_SHARES, GradientShare
 

@@ -44,8 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Protocol
 
 import orjson
 from mcp import types
@@ -58,10 +58,31 @@ from starlette.routing import Route
 from polygym.net.asgi_transport import Receive, Scope, Send
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
 from polygym.servers.base import error_response
-from polygym.servers.sessions import SESSION_COOKIE
+from polygym.servers.sessions import SESSION_COOKIE, SessionStore
 
-if TYPE_CHECKING:
-    from polygym.servers.resources import ResourcesServer
+
+class _IdleConfig(Protocol):
+    session_idle_timeout_s: float
+
+
+class ToolHost(Protocol):
+    """What the bridge needs of an environment (a ``ResourcesServer``), named here rather than
+    imported: ``servers.resources`` builds the bridge, so importing it back would make a loop."""
+
+    name: str
+    sessions: SessionStore
+
+    @property
+    def config(self) -> _IdleConfig: ...
+
+    def tools(self) -> Mapping[str, Any]: ...
+
+    def tool_schemas(self) -> list[dict[str, Any]]: ...
+
+    async def dispatch(
+        self, method: str, path: str, body: bytes, cookies: dict[str, str]
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None: ...
+
 
 MOUNT_PATH = "/mcp"
 
@@ -73,7 +94,7 @@ _adopted: contextvars.ContextVar[str | None] = contextvars.ContextVar("polygym_m
 class McpBridge:
     """The MCP server of one environment: its tools, its session mapping, its ``/mcp`` mount."""
 
-    def __init__(self, env: ResourcesServer[Any]) -> None:
+    def __init__(self, env: ToolHost) -> None:
         self.env = env
         self._tool_names = frozenset(env.tools())
         self.server: Server[dict[str, str], Request] = Server(env.name, lifespan=self._mcp_session)

@@ -18,7 +18,7 @@ Connection pools follow the stack's concurrency: the pool size given to ``Stack`
 pool of every client the stack's servers use to reach each other; with none given it is unlimited
 (``stack_client``), never a fixed number that would cap a collector below its concurrency.
 
-A backend implements ``start`` / ``wait_failure`` / ``stop`` (``Backend`` below); the third one,
+A backend implements ``start`` / ``wait_failure`` / ``stop`` (``stack.backend.Backend``); the third one,
 ``ray`` (``stack.ray_backend``, imported only when chosen), places replicas of each server as Ray
 actors. Servers never learn how they were placed.
 """
@@ -32,9 +32,9 @@ import secrets
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 import psutil
@@ -42,62 +42,24 @@ import psutil
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, PortInUseError, bind_socket
 from polygym.stack import records as stacks
+from polygym.stack.backend import (
+    LOG_TAIL_LINES,
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    Backend,
+    LaunchError,
+    RunningServer,
+    ServerFailure,
+    spec_to_dict,
+    stack_client,
+)
 from polygym.stack.config import ConfigError, ServerSpec, StackConfig
 from polygym.stack.head import Registry, head_app
 from polygym.stack.loader import build_server
 from polygym.stack.placement import placement_of
 
 DEFAULT_HEAD_PORT = 11000
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 5.0
-LOG_TAIL_LINES = 20
-NO_POOL_LIMIT = 0
-"""aiohttp's ``TCPConnector(limit=0)``: no limit on connections."""
 SECRET_BYTES = 32
-
-
-def stack_client(head_url: str | None, pool_size: int | None) -> ServerClient:
-    """The client a stack's server (or the inline stack's collector) reaches the others with.
-
-    ``pool_size`` is the stack's concurrency when it has one. ``None`` (a stack serving whatever
-    collectors come, ``gym env start``) means no limit: the collector that drives the stack bounds
-    the rollouts in flight, so connections here are bounded by it, and any fixed number would be a
-    hidden cap below a collector's ``--concurrency``.
-    """
-    return ServerClient(head_url, pool_size=NO_POOL_LIMIT if pool_size is None else pool_size)
-
-
-class LaunchError(RuntimeError):
-    """The stack could not start, or a server died; the message says which and why."""
-
-
-@dataclass
-class ServerFailure:
-    name: str
-    message: str
-
-
-@dataclass
-class RunningServer:
-    name: str
-    kind: str
-    implementation: str
-    url: str
-    pid: int
-    pool_size: int | None = None
-    """The server's connection pool to the rest of the stack; None: no limit."""
-
-
-class Backend(Protocol):
-    name: str
-
-    async def start(
-        self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str, secret: str
-    ) -> None: ...
-
-    async def wait_failure(self) -> ServerFailure: ...
-
-    async def stop(self) -> None: ...
 
 
 class InlineBackend:
@@ -251,28 +213,6 @@ class SubprocessBackend:
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}
-
-
-def spec_to_dict(spec: ServerSpec) -> dict[str, Any]:
-    return {
-        "name": spec.name,
-        "kind": spec.kind,
-        "implementation": spec.implementation,
-        "config": spec.config,
-        "source": spec.source,
-        "directory": str(spec.directory),
-    }
-
-
-def spec_from_dict(data: dict[str, Any]) -> ServerSpec:
-    return ServerSpec(
-        name=data["name"],
-        kind=data["kind"],
-        implementation=data["implementation"],
-        config=data["config"],
-        source=data["source"],
-        directory=Path(data["directory"]),
-    )
 
 
 BACKENDS = ("inline", "subprocess", "ray")

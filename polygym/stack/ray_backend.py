@@ -42,9 +42,7 @@ from ray.exceptions import RayActorError
 from polygym.net.listen import AppServer, bind_socket
 from polygym.protocol import RESOURCES_KIND
 from polygym.stack import records as stacks
-from polygym.stack.config import ServerSpec
-from polygym.stack.head import Registry, slot_of
-from polygym.stack.launcher import (
+from polygym.stack.backend import (
     LOG_TAIL_LINES,
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
@@ -54,6 +52,8 @@ from polygym.stack.launcher import (
     spec_to_dict,
     stack_client,
 )
+from polygym.stack.config import ServerSpec
+from polygym.stack.head import Registry, slot_of
 from polygym.stack.loader import build_server
 from polygym.stack.placement import placement_of
 

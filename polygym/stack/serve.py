@@ -24,8 +24,8 @@ import orjson
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, bind_socket
 from polygym.net.retry import RetryPolicy
+from polygym.stack.backend import spec_from_dict, stack_client
 from polygym.stack.head import STACK_SECRET_HEADER
-from polygym.stack.launcher import spec_from_dict, stack_client
 from polygym.stack.loader import build_server
 
 PARENT_POLL_S = 0.5

@@ -90,7 +90,9 @@ async def test_tools_listed_with_the_http_schemas_and_called_with_the_http_resul
         assert [(t.name, t.description, t.inputSchema) for t in listed] == [
             (t["name"], t["description"], t["parameters"]) for t in http_tools
         ]
-        assert {t.name for t in listed} == {"increment", "get_value"}
+        # polygym's own tools and NeMo Gym's same-named server's (increment_counter, get_counter_value)
+        both = {"increment", "get_value", "increment_counter", "get_counter_value"}
+        assert {t.name for t in listed} == both
 
         result = await session.call_tool("increment", {"amount": 5})
         assert not result.isError

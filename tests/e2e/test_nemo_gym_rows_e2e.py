@@ -7,18 +7,14 @@ right tool calls and answer, once with one that does not. The rewards asserted a
 Gym's verifiers give (read there, restated here): right play 1.0, wrong play 0.0. `gym data
 validate` must accept every row too.
 
-The wheel is downloaded once with pip into ``$POLYGYM_TEST_CACHE`` (default
-``~/.cache/polygym-tests``)/``nemo-gym`` and reused afterwards; NeMo Gym 0.7.0 declares Python
->= 3.13.14, hence the ``--python-version`` pip needs to fetch it from an older interpreter.
+The wheel comes from ``tests/nemo_gym_wheel.py`` (downloaded once with pip, then cached).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -30,8 +26,8 @@ from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.stack.catalog import list_implementations
 from tests.conftest import gym_command
+from tests.nemo_gym_wheel import nemo_gym_wheel
 
-NEMO_GYM_VERSION = "0.7.0"
 SHARED = (
     "example_multi_step",
     "example_session_state_mgmt",
@@ -46,21 +42,6 @@ RELAXED_SCORE_TIMEOUT = (
 )
 
 Turns = list[dict[str, Any]]
-
-
-def nemo_gym_wheel() -> Path:
-    """NeMo Gym's wheel from the test cache, downloaded with pip the first time."""
-    cache = Path(os.environ.get("POLYGYM_TEST_CACHE", Path.home() / ".cache" / "polygym-tests")) / "nemo-gym"
-    pattern = f"nemo_gym-{NEMO_GYM_VERSION}-*.whl"
-    if not list(cache.glob(pattern)):
-        cache.mkdir(parents=True, exist_ok=True)
-        download = [
-            *(sys.executable, "-m", "pip", "download", f"nemo-gym=={NEMO_GYM_VERSION}", "--no-deps"),
-            *("--python-version", "3.13.14", "--only-binary=:all:", "--dest", str(cache)),
-        ]
-        done = subprocess.run(download, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"pip download nemo-gym=={NEMO_GYM_VERSION} failed:\n{done.stderr}"
-    return sorted(cache.glob(pattern))[-1]
 
 
 def nemo_gym_rows(wheel: Path, env: str) -> list[dict[str, Any]]:

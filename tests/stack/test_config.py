@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from polygym.stack.config import (
     load_config,
     parse_override,
 )
+from tests.nemo_gym_wheel import nemo_gym_tree
 
 RESOURCES = """\
 weather:
@@ -498,31 +496,11 @@ def test_implementation_named_after_a_variant_runs_the_folder_holding_its_config
     assert any("unknown resources_servers implementation 'weather_arctic'" in p for p in problems_of(excinfo))
 
 
-NEMO_GYM_WHEEL = "nemo-gym==0.7.0"
-WHEEL_CACHE = Path.home() / ".cache" / "polygym-test" / "nemo-gym-0.7.0"
-
-
-def _nemo_gym_wheel_root() -> Path:
-    """NeMo Gym 0.7's wheel, downloaded once with pip and unpacked into the test cache."""
-    root = WHEEL_CACHE / "unpacked"
-    if (root / "resources_servers").is_dir():
-        return root
-    download = [sys.executable, "-m", "pip", "download", NEMO_GYM_WHEEL, "--no-deps", "-q"]
-    download += ["--only-binary=:all:", "--python-version", "3.12", "-d", str(WHEEL_CACHE)]
-    wheels = list(WHEEL_CACHE.glob("nemo_gym-0.7.0-*.whl"))
-    if not wheels and subprocess.run(download, capture_output=True, timeout=300).returncode != 0:
-        pytest.skip(f"pip cannot download {NEMO_GYM_WHEEL} here")
-    (wheel,) = wheels or WHEEL_CACHE.glob("nemo_gym-0.7.0-*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(root)
-    return root
-
-
 def test_nemo_gym_own_configs_load_or_are_refused_clearly() -> None:
     """Every config file of NeMo Gym 0.7 (561) loads, or is refused with a ConfigError, never a crash
     (benchmarks/nemo_gym_configs.py; 437 were accepted when this was written, 290 before #12)."""
     from benchmarks.nemo_gym_configs import measure
 
-    counts, reasons = measure(_nemo_gym_wheel_root())
+    counts, reasons = measure(nemo_gym_tree())
     assert counts["crashed"] == 0, reasons
     assert counts["accepted"] >= 430, (counts, reasons.most_common(10))

@@ -1,0 +1,88 @@
+"""What every backend shares: the contract, its errors, and the spec a server is started from.
+
+The launcher (``stack.launcher``) chooses a backend and drives it; the backends (inline and
+subprocess there, Ray in ``stack.ray_backend``) implement ``Backend``. These pieces live apart
+from the launcher so that a backend module never has to import the launcher that imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from polygym.net.client import ServerClient
+from polygym.stack.config import ServerSpec
+from polygym.stack.head import Registry
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 5.0
+LOG_TAIL_LINES = 20
+NO_POOL_LIMIT = 0
+"""aiohttp's ``TCPConnector(limit=0)``: no limit on connections."""
+
+
+def stack_client(head_url: str | None, pool_size: int | None) -> ServerClient:
+    """The client a stack's server (or the inline stack's collector) reaches the others with.
+
+    ``pool_size`` is the stack's concurrency when it has one. ``None`` (a stack serving whatever
+    collectors come, ``gym env start``) means no limit: the collector that drives the stack bounds
+    the rollouts in flight, so connections here are bounded by it, and any fixed number would be a
+    hidden cap below a collector's ``--concurrency``.
+    """
+    return ServerClient(head_url, pool_size=NO_POOL_LIMIT if pool_size is None else pool_size)
+
+
+class LaunchError(RuntimeError):
+    """The stack could not start, or a server died; the message says which and why."""
+
+
+@dataclass
+class ServerFailure:
+    name: str
+    message: str
+
+
+@dataclass
+class RunningServer:
+    name: str
+    kind: str
+    implementation: str
+    url: str
+    pid: int
+    pool_size: int | None = None
+    """The server's connection pool to the rest of the stack; None: no limit."""
+
+
+class Backend(Protocol):
+    name: str
+
+    async def start(
+        self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str, secret: str
+    ) -> None: ...
+
+    async def wait_failure(self) -> ServerFailure: ...
+
+    async def stop(self) -> None: ...
+
+
+def spec_to_dict(spec: ServerSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "kind": spec.kind,
+        "implementation": spec.implementation,
+        "config": spec.config,
+        "source": spec.source,
+        "directory": str(spec.directory),
+    }
+
+
+def spec_from_dict(data: dict[str, Any]) -> ServerSpec:
+    return ServerSpec(
+        name=data["name"],
+        kind=data["kind"],
+        implementation=data["implementation"],
+        config=data["config"],
+        source=data["source"],
+        directory=Path(data["directory"]),
+    )
