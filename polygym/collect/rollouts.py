@@ -28,6 +28,7 @@ from typing import Any
 
 from polygym.collect.health import QUARANTINED, HealthMonitor
 from polygym.collect.stack_watch import SERVER_DIED, StackHealth
+from polygym.net import failure
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
@@ -71,6 +72,41 @@ class Limits:
             raise ValueError(f"timeout_s: must be more than 0 seconds, got {self.timeout_s}")
 
 
+REQUEST_FAILED_CLASSES = frozenset(
+    {
+        failure.TIMEOUT,
+        failure.CONNECTION_REFUSED,
+        failure.CONNECTION_RESET,
+        failure.RATE_LIMITED,
+        failure.UPSTREAM_5XX,
+        SERVER_DIED,
+    }
+)
+"""Failures of the request itself rather than of the rollout's work: NeMo Gym 0.7 files these (no
+status, or 429/502/503/504) as ``agent_request_failed``, everything else as ``agent_run_error``."""
+REQUEST_FAILED_STATUSES = frozenset({429, 502, 503, 504})
+
+
+def http_status(error_class: str) -> int | None:
+    """The status of an ``HTTP <status>`` class (a callee's own error), else None."""
+    prefix, _, code = error_class.partition(" ")
+    return int(code) if prefix == "HTTP" and code.isdigit() else None
+
+
+def nemo_gym_failure_fields(error_class: str, message: str) -> dict[str, Any]:
+    """The ``_ng_failure_*`` keys NeMo Gym 0.7 writes on a failure row, so its tools (health-check,
+    reverify, profile) read polygym's ``_failures.jsonl`` as their own. polygym's own keys stay."""
+    status = http_status(error_class)
+    request_failed = error_class in REQUEST_FAILED_CLASSES or status in REQUEST_FAILED_STATUSES
+    return {
+        "_ng_failure_class": "agent_request_failed" if request_failed else "agent_run_error",
+        "_ng_failure_type": error_class,
+        "_ng_failure_message": message,
+        "_ng_failure_http_status": status,
+        "_ng_failure_terminal": False,  # every failure here can be run again (--resume)
+    }
+
+
 def failure_record(job: Job, error_class: str, message: str, latency_s: float) -> dict[str, Any]:
     """A ``_failures.jsonl`` line: enough to find the row, see what broke, and rerun it."""
     return {
@@ -82,6 +118,7 @@ def failure_record(job: Job, error_class: str, message: str, latency_s: float) -
         "latency_s": round(latency_s, 4),
         "time": time.time(),
         "row": job.row,
+        **nemo_gym_failure_fields(error_class, message),
     }
 
 

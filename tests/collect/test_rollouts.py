@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from polygym.collect.rollouts import Limits, collect
+from polygym.collect.rollouts import Limits, collect, failure_record
 from polygym.collect.stack_watch import SERVER_DIED, StackHealth
 from polygym.net.client import ServerClient
 from polygym.net.retry import RetryPolicy
@@ -100,3 +101,27 @@ async def test_a_dead_server_stops_the_agents_that_need_it_and_no_others() -> No
     assert all("server 'a_env' died" in r.failure["error"] for r in results if r.failure)
     health.server_died("policy", "gone")
     assert health.blocker("b_agent") == "policy"
+
+
+@pytest.mark.parametrize(
+    ("error_class", "ng_class", "status"),
+    [
+        ("RateLimited", "agent_request_failed", None),
+        ("Timeout", "agent_request_failed", None),
+        ("HTTP 503", "agent_request_failed", 503),
+        ("HTTP 422", "agent_run_error", 422),
+        ("BadJSON", "agent_run_error", None),
+        ("judge_failed", "agent_run_error", None),
+    ],
+)
+def test_failure_rows_carry_nemo_gym_failure_keys(
+    error_class: str, ng_class: str, status: int | None
+) -> None:
+    job = make_job({"responses_create_params": {"input": "hi"}}, "env_simple_agent", 3, 1)
+    record = failure_record(job, error_class, "it broke", 0.5)
+    assert (record["error_class"], record["error"]) == (error_class, "it broke")  # polygym's own keys stay
+    assert record["_ng_failure_class"] == ng_class
+    assert record["_ng_failure_type"] == error_class
+    assert record["_ng_failure_message"] == "it broke"
+    assert record["_ng_failure_http_status"] == status
+    assert record["_ng_failure_terminal"] is False
