@@ -41,9 +41,6 @@ class Replicas:
         """Drop ``name``'s replicas (one refused a connection: ask the head again)."""
         self._urls.pop(name, None)
 
-    def urls(self, name: str) -> list[str]:
-        return self._urls.get(name, [])
-
     def pick(self, name: str, cookies: dict[str, str] | None) -> str:
         """The replica for one call to ``name`` (which must be known: ``ServerClient.resolve``)."""
         urls = self._urls[name]
