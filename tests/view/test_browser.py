@@ -24,7 +24,7 @@ from tests.conftest import wait_until
 from tests.view.demo_run import XSS, make_pair, make_steps_run
 
 webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -83,7 +83,16 @@ def follow(browser: object, element: object) -> None:
             _ = old.tag_name  # raises once the old page is gone
             return False
         except StaleElementReferenceException:
+            pass
+        except WebDriverException as exc:
+            # Mid-navigation Chromium may answer "Node with given id does not belong to the
+            # document" instead of a stale reference: the old page is gone all the same.
+            if "does not belong to the document" not in str(exc):
+                raise
+        try:
             return browser.execute_script("return document.readyState") == "complete"  # type: ignore[attr-defined]
+        except WebDriverException:
+            return False  # the new document is not there yet to run scripts in
 
     assert wait_until(loaded, 10)
 
