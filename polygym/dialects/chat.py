@@ -598,6 +598,24 @@ def chat_completion_to_response(
                 function.get("name", ""), _arguments(function.get("arguments")), call.get("id")
             )
         )
+    return converted_response(
+        output,
+        model or str(completion.get("model", "")),
+        usage_from_chat(completion.get("usage")),
+        request,
+        _INCOMPLETE_REASONS.get(str(choice.get("finish_reason"))),
+    )
+
+
+def converted_response(
+    output: list[dict[str, Any]],
+    model: str,
+    usage: dict[str, Any],
+    request: dict[str, Any] | None,
+    incomplete_reason: str | None,
+) -> dict[str, Any]:
+    """The Responses object of a reply converted from another dialect (Chat Completions, Messages):
+    never an empty output, the request's parameters echoed, ``incomplete`` when the reply was cut."""
     if not output:
         output.append(message_item(""))
     extra: dict[str, Any] = {"error": None, "incomplete_details": None}
@@ -605,17 +623,10 @@ def chat_completion_to_response(
         extra.update({key: request.get(key, default) for key, default in ECHOED_RESPONSE_FIELDS.items()})
         extra["tools"] = request.get("tools") or []
     status = "completed"
-    reason = _INCOMPLETE_REASONS.get(str(choice.get("finish_reason")))
-    if reason is not None:
+    if incomplete_reason is not None:
         status = "incomplete"
-        extra["incomplete_details"] = {"reason": reason}
-    return new_response(
-        output,
-        model or str(completion.get("model", "")),
-        usage_from_chat(completion.get("usage")),
-        status=status,
-        **extra,
-    )
+        extra["incomplete_details"] = {"reason": incomplete_reason}
+    return new_response(output, model, usage, status=status, **extra)
 
 
 def response_to_chat_completion(response: dict[str, Any], model: str | None = None) -> dict[str, Any]:

@@ -39,13 +39,13 @@ from typing import Any
 import orjson
 
 from polygym.dialects.chat import (
-    ECHOED_RESPONSE_FIELDS,
     content_text,
+    converted_response,
     item_type,
     reasoning_item,
     reasoning_text,
 )
-from polygym.protocol import function_call_item, message_item, new_id, new_response
+from polygym.protocol import function_call_item, message_item, new_id
 
 UNPARSED_ARGUMENTS_KEY = "_unparsed_arguments"
 """The ``tool_use.input`` key holding function arguments that were not a JSON object."""
@@ -617,21 +617,10 @@ def message_to_response(
             )
         elif kind == "thinking":
             output.append(_reasoning_from_block(block))
-    if not output:
-        output.append(message_item(""))
-    extra: dict[str, Any] = {"error": None, "incomplete_details": None}
-    if request is not None:
-        extra.update({key: request.get(key, default) for key, default in ECHOED_RESPONSE_FIELDS.items()})
-        extra["tools"] = request.get("tools") or []
-    status = "completed"
-    reason = _INCOMPLETE_REASONS.get(str(message.get("stop_reason")))
-    if reason is not None:
-        status = "incomplete"
-        extra["incomplete_details"] = {"reason": reason}
-    return new_response(
+    return converted_response(
         output,
         model or str(message.get("model", "")),
         usage_from_messages(message.get("usage")),
-        status=status,
-        **extra,
+        request,
+        _INCOMPLETE_REASONS.get(str(message.get("stop_reason"))),
     )
