@@ -17,15 +17,16 @@ is cached per session, so replicas, restarts and resumed runs need no shared sta
 that forwards to a backend sends them as ``required_prefix_token_ids`` (NeMo Gym 0.7's name for
 the same extension); the backend answers with the ``prompt_token_ids`` it really used.
 
-**The suffix.** With ``A`` the template's rendering of the messages up to and including the last
-assistant message (no generation prompt) and ``B`` that of all messages (generation prompt on),
-the new messages add ``B[len(A):]``, provided ``B`` starts with ``A`` (a template that renders
-earlier turns differently once later messages exist has no clean suffix). ``A`` ends with the
-template's end-of-assistant-turn text (``turn_close``, learned by rendering a sentinel message;
-``<|im_end|>\\n`` in ChatML), which the generation holds only up to its stop token: the suffix is
-``close + B[len(A):]``, tokenized on its own (no BOS), and its first token is dropped when the
-generation already ended with it. A generation cut off by the token limit thus gets the turn's end
-marker appended, as the template would show it.
+**The suffix.** ``full`` is the template's rendering of all messages with the generation prompt;
+``probe`` that of the messages up to and including the last assistant message followed by a user
+message holding a sentinel (a real follow-up, so no template treats the assistant message as one
+to continue). The text of ``probe`` up to the last stop text (``<|im_end|>``: the end of the
+assistant turn) before the sentinel is the history as far as the generation reached; ``full`` must
+start with it (a template that renders earlier turns differently once later messages exist has no
+clean suffix), and the rest of ``full``, after that stop text, is what the new messages add. The
+suffix is that rest with the stop text in front, tokenized on its own (no BOS); its first token is
+dropped when the generation already ended with it, so a generation cut off by the token limit gets
+the turn's end marker appended, as the template would show it.
 
 **Fallback, counted.** When a check fails (no clean suffix, no assistant turn to continue, an
 assistant item after the last generated one), the server renders the whole history as before and
@@ -49,8 +50,8 @@ from polygym.protocol import TRAINING_TOKEN_FIELDS
 PREFIX_FIELD = "required_prefix_token_ids"
 """Chat request field carrying the previous turn's prompt + generation ids (NeMo Gym 0.7's name)."""
 
-SENTINEL = "\u2063polygym-turn-end\u2063"
-"""Assistant content used to find where the template closes an assistant turn: text no model writes."""
+SENTINEL = "\u2063polygym-probe\u2063"
+"""User content marking where the template starts the turn after the generated one: text no one writes."""
 
 _MODEL_ITEMS = frozenset({"function_call", "reasoning"})
 
@@ -119,26 +120,24 @@ def last_turn_end(messages: Sequence[dict[str, Any]]) -> int:
     raise NoCleanSuffix("the messages hold no assistant turn to continue")
 
 
-def sentinel_messages() -> list[dict[str, Any]]:
-    """Messages whose rendering (no generation prompt) shows how the template closes a turn."""
-    return [{"role": "user", "content": "."}, {"role": "assistant", "content": SENTINEL}]
+def probe_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages through the last assistant turn, then a user message holding ``SENTINEL``."""
+    return [*messages[: last_turn_end(messages)], {"role": "user", "content": SENTINEL}]
 
 
-def turn_close(rendered_sentinel: str) -> str:
-    """The text the template writes after an assistant message's content (``<|im_end|>\\n``)."""
-    at = rendered_sentinel.rfind(SENTINEL)
-    if at < 0:
-        raise NoCleanSuffix("the chat template does not render assistant content as given")
-    return rendered_sentinel[at + len(SENTINEL) :]
-
-
-def suffix_text(before: str, full: str, close: str) -> str:
-    """The text the template adds after the generated turn (see the module docstring)."""
+def suffix_text(full: str, probe: str, stop_text: str) -> str:
+    """The text the new messages add after the generated turn, led by ``stop_text`` (see the module
+    docstring); NoCleanSuffix when there is none."""
+    head = probe[: probe.find(SENTINEL)] if SENTINEL in probe else None
+    if head is None:
+        raise NoCleanSuffix("the chat template does not render a user message's content as given")
+    close = head.rfind(stop_text) if stop_text else -1
+    if close < 0:
+        raise NoCleanSuffix(f"the chat template does not end an assistant turn with {stop_text!r}")
+    before = head[: close + len(stop_text)]
     if not full.startswith(before):
         raise NoCleanSuffix("the template renders earlier turns differently once new messages follow")
-    if not close or not before.endswith(close):
-        raise NoCleanSuffix("the template's end of an assistant turn is not where it is expected")
-    return close + full[len(before) :]
+    return stop_text + full[len(before) :]
 
 
 def join(prefix: list[int], suffix: list[int]) -> list[int]:

@@ -62,10 +62,8 @@ from polygym.training.continuation import (
     NoCleanSuffix,
     check_prefix,
     join,
-    last_turn_end,
-    sentinel_messages,
+    probe_messages,
     suffix_text,
-    turn_close,
 )
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
@@ -176,15 +174,14 @@ class HFGenerator:
         """``prefix`` (the previous turn's exact ids) + the tokens the messages after the last
         assistant turn add (``polygym.training.continuation``); no prompt, with the reason, when
         the template gives no clean suffix."""
+        stop = prefix[-1] if prefix[-1] in self.stop_ids else self.stop_ids[0]
         try:
-            end = last_turn_end(messages)
-            close = turn_close(self.render(sentinel_messages(), None, False))
-            before = self.render(messages[:end], tools, False)
-            text = suffix_text(before, self.render(messages, tools, True), close)
+            probe = self.render(probe_messages(messages), tools, True)
+            text = suffix_text(self.render(messages, tools, True), probe, self.tokenizer.decode([stop]))
         except NoCleanSuffix as exc:
             return Continuation(None, str(exc))
         except TemplateError as exc:
-            return Continuation(None, f"the chat template cannot render the history's opening: {exc}")
+            return Continuation(None, f"the chat template cannot render the probe messages: {exc}")
         return Continuation(join(prefix, self.encode(text)))
 
     # -- generation --------------------------------------------------------------------------------

@@ -22,12 +22,13 @@ from polygym.blend.spec import parse_spec
 from polygym.training.collector import TokenCollector, TokenStep
 from polygym.training.continuation import (
     PREFIX_FIELD,
+    SENTINEL,
     NoCleanSuffix,
     check_prefix,
     join,
     parent_ids,
+    probe_messages,
     suffix_text,
-    turn_close,
 )
 from polygym.training.generation_server import (
     GenerationResult,
@@ -97,14 +98,20 @@ def text(generator: HFGenerator, ids: list[int]) -> str:
 # -- the pieces -------------------------------------------------------------------------------------
 
 
-def test_suffix_is_what_the_new_messages_add_after_the_turn_close() -> None:
-    before = "<s>U<e>\n<a>call<e>\n"
-    assert suffix_text(before, before + "<t>out<e>\n<a>", "<e>\n") == "<e>\n<t>out<e>\n<a>"
+def test_suffix_is_what_the_new_messages_add_after_the_generated_turn() -> None:
+    history = "<u>U<e>\n<a>call<e>\n"
+    probe = history + f"<u>{SENTINEL}<e>\n<a>"
+    assert suffix_text(history + "<t>out<e>\n<a>", probe, "<e>") == "<e>\n<t>out<e>\n<a>"
     with pytest.raises(NoCleanSuffix, match="renders earlier turns differently"):
-        suffix_text(before, "<s>U<e>\n<a>call <e>\n<t>out<e>\n<a>", "<e>\n")
-    with pytest.raises(NoCleanSuffix, match="end of an assistant turn"):
-        suffix_text("<s>U<e>\n<a>call", "<s>U<e>\n<a>call<t>", "<e>\n")
-    assert turn_close("<u>.<e>\n<a>\u2063polygym-turn-end\u2063<e>\n") == "<e>\n"
+        suffix_text("<u>U<e>\n<a>call <e>\n<t>out<e>\n<a>", probe, "<e>")
+    with pytest.raises(NoCleanSuffix, match="does not end an assistant turn with '<end>'"):
+        suffix_text(history + "<t>out<e>\n<a>", probe, "<end>")
+    with pytest.raises(NoCleanSuffix, match="user message's content"):
+        suffix_text(history, history, "<e>")
+    messages = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "call"}, {"role": "tool"}]
+    assert probe_messages(messages) == [*messages[:2], {"role": "user", "content": SENTINEL}]
+    with pytest.raises(NoCleanSuffix, match="no assistant turn"):
+        probe_messages(messages[:1])
 
 
 def test_join_does_not_repeat_the_stop_token_the_generation_ended_with() -> None:
