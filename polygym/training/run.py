@@ -6,7 +6,10 @@ What one run does, in order (every file lands in ``--output DIR``):
    serves the very model object being trained as a vLLM-like generation server
    (``generation_server``) on a loopback port.
 2. Starts the blend's environments and agents in this process, with ``vllm_model`` pointed at that
-   server and token capture on: every rollout is sampled from the current weights (on-policy).
+   server and token capture on: every rollout is sampled from the current weights (on-policy), and
+   multi-turn prompts extend the exact ids already generated (``supply_prefix_token_ids``,
+   ``continuation``). ``--max-masked-share`` warns (``--on-masked stop``: stops) when a step masks
+   more of an environment's rollouts than that.
 3. Validates every environment on its validation rows (greedy, one response per row, the same rows
    each time: each environment's first ``--validation-limit``), written as a ``gym eval run``
    would: ``validation_before.jsonl`` and ``validation_before_aggregate_metrics.json``. ``eval_only``
