@@ -14,6 +14,7 @@
 - ``trl_adapter``: TRL's ``GRPOTrainer`` trained on a polygym blend (needs ``pip install -e .[train]``).
 - ``run``: ``gym train run``, a complete GRPO run on CPU with validation before and after.
 
-``tokens``, ``continuation``, ``advantages`` and ``collector`` need nothing beyond polygym's own dependencies; the
-other modules need the ``train`` extra (torch, transformers, trl). Nothing is imported here.
+``tokens``, ``continuation``, ``advantages`` and ``collector`` need nothing beyond polygym's own
+dependencies; the other modules need the ``train`` extra (torch, transformers, trl). Nothing is
+imported here.
 """
