@@ -192,6 +192,39 @@ async def test_generation_server_falls_back_and_says_why() -> None:
     assert reply["prompt_token_ids"] == generator.prompt_ids(body["messages"])
 
 
+THINKING_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- set content = message.content %}"
+    "{%- if message.role == 'assistant' and not loop.last %}"
+    "{%- set content = content.split('</think>')[-1].lstrip() %}{%- endif %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+async def test_a_thinking_models_dropped_reasoning_stays_in_its_context() -> None:
+    """Like Qwen3's template, this one drops earlier turns' reasoning: re-rendered, every later turn
+    of a thinking model would drift; continued from ids, the model keeps reading what it thought."""
+    generator = ScriptedGenerator()
+    generator.tokenizer.chat_template = THINKING_TEMPLATE
+    generator.generate = lambda requests: [  # type: ignore[method-assign]
+        GenerationResult(ids, [LOGPROB] * len(ids), "stop")
+        for ids in [[*generator.encode("<think>plan</think> guess 3"), generator.stop_ids[0]]] * len(requests)
+    ]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Guess."}]
+    first = await generator.chat_completion({"messages": messages, "return_token_ids": True}, "p")
+    parent = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    said = first["choices"][0]["message"]["content"]
+    history = [*messages, {"role": "assistant", "content": said}, {"role": "user", "content": "Too low."}]
+    body = {"messages": history, "return_token_ids": True}
+    assert (await generator.chat_completion(body, "p"))["prompt_token_ids"][: len(parent)] != parent
+    exact = await generator.chat_completion({**body, PREFIX_FIELD: parent}, "p")
+    assert exact["prompt_continuation"] == {"exact": True}
+    assert exact["prompt_token_ids"][: len(parent)] == parent
+    assert "<think>plan</think>" in text(generator, exact["prompt_token_ids"])
+
+
 # -- end to end: agent, environment, vllm_model, generation server, collector ------------------------------
 
 
