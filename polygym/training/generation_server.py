@@ -144,16 +144,14 @@ class HFGenerator:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polygym-generate")
 
     # -- prompts ---------------------------------------------------------------------------------
-    def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
-    ) -> str:
-        """The chat template's text for ``messages`` (and ``tools``)."""
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """The chat template's text for ``messages`` (and ``tools``), generation prompt appended."""
         cleaned = [_template_message(m) for m in messages]
         return str(
             self.tokenizer.apply_chat_template(
                 cleaned,
                 tools=tools or None,
-                add_generation_prompt=add_generation_prompt,
+                add_generation_prompt=True,
                 tokenize=False,
                 **self.chat_template_kwargs,
             )
@@ -166,7 +164,7 @@ class HFGenerator:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
         """The chat-templated prompt with the generation prompt appended, as token ids."""
-        return self.encode(self.render(messages, tools, True))
+        return self.encode(self.render(messages, tools))
 
     def continued_prompt(
         self, prefix: list[int], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
@@ -176,8 +174,8 @@ class HFGenerator:
         the template gives no clean suffix."""
         stop = prefix[-1] if prefix[-1] in self.stop_ids else self.stop_ids[0]
         try:
-            probe = self.render(probe_messages(messages), tools, True)
-            text = suffix_text(self.render(messages, tools, True), probe, self.tokenizer.decode([stop]))
+            probe = self.render(probe_messages(messages), tools)
+            text = suffix_text(self.render(messages, tools), probe, self.tokenizer.decode([stop]))
         except NoCleanSuffix as exc:
             return Continuation(None, str(exc))
         except TemplateError as exc:
