@@ -304,6 +304,22 @@ def parse_max_regressions(values: tuple[str, ...]) -> dict[str, float]:
     show_default=True,
     help="stop: also end training after the step whose validation regressed.",
 )
+@click.option(
+    "--max-masked-share",
+    type=click.FloatRange(min=0, max=1),
+    default=None,
+    metavar="SHARE",
+    help="Alarm when more than SHARE of an environment's rollouts in a step are masked (trained on "
+    "nothing: history drift the model server could not avoid, missing token ids): a warning, "
+    "masked_alarm in train_log.jsonl and the trainer's metrics. Every step reports masked_share.",
+)
+@click.option(
+    "--on-masked",
+    type=click.Choice(["warn", "stop"]),
+    default="warn",
+    show_default=True,
+    help="stop: also end training after the step whose masked share passed --max-masked-share.",
+)
 def run(
     spec_path: Path,
     overrides: tuple[str, ...],
@@ -325,6 +341,8 @@ def run(
     seed: int | None,
     max_regressions: tuple[str, ...],
     on_regression: str,
+    max_masked_share: float | None,
+    on_masked: str,
 ) -> None:
     """Train a policy with GRPO (TRL) on the blend SPEC, on this machine, and compare validation.
 
@@ -365,6 +383,8 @@ def run(
         seed=seed,
         max_regression=parse_max_regressions(max_regressions),
         on_regression=on_regression,
+        max_masked_share=max_masked_share,
+        on_masked=on_masked,
     )
     out = console()
     try:

@@ -337,7 +337,12 @@ scripted), ``temperature`` and ``processed`` (``raw``: log-softmax of the model'
 ``sampling_distribution``: after temperature/top-p/top-k, the distribution actually sampled)."""
 
 
-_CALL_TOKEN_FIELDS = (*TRAINING_TOKEN_FIELDS, LOGPROB_SEMANTICS_FIELD)
+PROMPT_CONTINUATION_FIELD = "prompt_continuation"
+"""Whether the call's prompt extended the previous call's exact token ids (``{"exact": true}``) or
+was rendered anew from the history's text (``{"exact": false, "reason": ...}``); absent on a first
+turn (``polygym.training.continuation``)."""
+
+_CALL_TOKEN_FIELDS = (*TRAINING_TOKEN_FIELDS, LOGPROB_SEMANTICS_FIELD, PROMPT_CONTINUATION_FIELD)
 
 
 def strip_token_fields(items: Any) -> Any:
@@ -367,9 +372,11 @@ def attach_token_fields(
     generation_token_ids: list[int],
     generation_log_probs: list[float],
     semantics: dict[str, Any] | None = None,
+    continuation: dict[str, Any] | None = None,
 ) -> None:
     """Put one model call's training token fields on its last output item (DESIGN §3), with
-    ``semantics`` (``logprob_semantics``) when the server knows how its log-probs were taken."""
+    ``semantics`` (``logprob_semantics``) when the server knows how its log-probs were taken and
+    ``continuation`` (``PROMPT_CONTINUATION_FIELD``) when the prompt continued earlier ids."""
     if not output:
         raise ValueError("a model call with token ids must have at least one output item")
     output[-1]["prompt_token_ids"] = list(prompt_token_ids)
@@ -377,6 +384,8 @@ def attach_token_fields(
     output[-1]["generation_log_probs"] = list(generation_log_probs)
     if semantics is not None:
         output[-1][LOGPROB_SEMANTICS_FIELD] = dict(semantics)
+    if continuation is not None:
+        output[-1][PROMPT_CONTINUATION_FIELD] = dict(continuation)
 
 
 # ------------------------------------------------------------------------------------------- tools

@@ -2,6 +2,8 @@
 
 - ``tokens``: one rollout's token sequence, loss mask and sampling log-probs, assembled from the
   training token fields model servers put on their output (DESIGN §3), with a contiguity check.
+- ``continuation``: token-in/token-out multi-turn — how a model server builds the next turn's
+  prompt from the exact ids already generated plus the new messages' tokens.
 - ``advantages``: group-relative (GRPO) advantages, a small documented helper.
 - ``collector``: the per-step API a trainer calls — the blend's step N, collected with token
   capture on, as token rollouts plus per-environment step statistics.
@@ -12,6 +14,7 @@
 - ``trl_adapter``: TRL's ``GRPOTrainer`` trained on a polygym blend (needs ``pip install -e .[train]``).
 - ``run``: ``gym train run``, a complete GRPO run on CPU with validation before and after.
 
-``tokens``, ``advantages`` and ``collector`` need nothing beyond polygym's own dependencies; the
-other modules need the ``train`` extra (torch, transformers, trl). Nothing is imported here.
+``tokens``, ``continuation``, ``advantages`` and ``collector`` need nothing beyond polygym's own
+dependencies; the other modules need the ``train`` extra (torch, transformers, trl). Nothing is
+imported here.
 """

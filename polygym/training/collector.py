@@ -25,7 +25,8 @@ Every rollout is also written to disk as by ``gym eval run --blend`` (``X.jsonl`
 
 The stats are what a training dashboard needs per environment and step: reward mean/std and pass
 rate, the share of zero-variance prompt groups (no GRPO signal), tokens (all and generated), turns,
-truncated episodes, masked rollouts (non-contiguous or without token ids), failures and stragglers,
+truncated episodes, masked rollouts (non-contiguous or without token ids) and their share (with an
+alarm past ``max_masked_share``), turns rendered anew instead of token-in/token-out, failures and stragglers,
 the realized vs target share of the step in prompts, and each environment's share of the step's
 trained tokens (``trained_token_share``) and of its loss weight (``gradient_share``).
 """
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import statistics
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
@@ -54,6 +56,7 @@ from polygym.training.advantages import zero_variance_groups
 from polygym.training.tokens import TokenRollout, assemble
 
 T = TypeVar("T")
+logger = logging.getLogger("polygym.training")
 TOKEN_SAMPLING = {"return_token_ids": True}
 _FOREVER = 1 << 40
 
@@ -79,6 +82,13 @@ class EnvTokenStats(EnvStepReport):
     masked: int
     """Rollouts whose loss mask was zeroed (non-contiguous, no token ids, inconsistent ids)."""
     non_contiguous: int
+    masked_share: float | None = None
+    """``masked`` over the rollouts: the share of this environment's rollouts trained on nothing."""
+    retemplated_turns: int = 0
+    """Later turns whose prompt was rendered anew instead of extending the exact ids
+    (``polygym.training.continuation``): each one risks a masked rollout."""
+    masked_alarm: int = 0
+    """1 when ``masked_share`` passed the collector's ``max_masked_share`` this step."""
     reward_components: dict[str, float] = field(default_factory=dict)
     """Mean of each extra numeric verifier field over the completed rollouts."""
     trained_token_share: float | None = None
@@ -126,6 +136,8 @@ def env_token_stats(report: EnvStepReport, rollouts: list[TokenRollout]) -> EnvT
         truncated_turns=sum(r.truncated_turns for r in rollouts),
         masked=sum(r.masked for r in rollouts),
         non_contiguous=sum(not r.contiguous for r in rollouts),
+        masked_share=sum(r.masked for r in rollouts) / len(rollouts) if rollouts else None,
+        retemplated_turns=sum(r.retemplated_turns for r in rollouts),
         reward_components={k: statistics.fmean(v) for k, v in components.items()},
     )
 
@@ -165,6 +177,27 @@ class TokenStep:
             name = "all" if env == ALL_ENVS else env
             out.update({f"{prefix}/{name}/{k}": v for k, v in stats.log_values().items()})
         return out
+
+    def check_masked_share(self, bound: float) -> list[str]:
+        """Environments whose masked share passed ``bound`` this step (their ``masked_alarm`` set,
+        a warning logged): drift the model servers could not avoid, or token capture missing."""
+        over = []
+        for env, stats in self.stats.items():
+            if env != ALL_ENVS and stats.masked_share is not None and stats.masked_share > bound:
+                stats.masked_alarm = 1
+                over.append(env)
+                logger.warning(
+                    "step %d: %s has %d of %d rollouts masked (%.0f%% > max_masked_share %.0f%%); %s",
+                    self.step,
+                    env,
+                    stats.masked,
+                    sum(r.env == env for r in self.rollouts),
+                    100 * stats.masked_share,
+                    100 * bound,
+                    next((r.problem for r in self.rollouts if r.env == env and r.masked), ""),
+                )
+        self.total.masked_alarm = int(bool(over))
+        return over
 
     @property
     def logprob_semantics(self) -> list[dict[str, Any]]:
@@ -272,6 +305,7 @@ class TokenCollector:
         overwrite: bool = False,
         backend: str = "inline",
         allow_mixed_logprob_semantics: bool = False,
+        max_masked_share: float | None = None,
     ) -> None:
         self.blend = spec if isinstance(spec, Blend) else load_blend(spec)
         self.output = Path(output)
@@ -281,6 +315,8 @@ class TokenCollector:
         self.step_timeout_s = step_timeout_s
         self.overwrite = overwrite
         self.allow_mixed_logprob_semantics = allow_mixed_logprob_semantics
+        self.max_masked_share = max_masked_share
+        """Each step checks it (``TokenStep.check_masked_share``); the caller decides to stop."""
         self.client: ServerClient | None = None
         self._session: StackSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -369,4 +405,6 @@ class TokenCollector:
             self.overwrite = True  # this collector's own files from here on
         result = await anext(self._stream)
         self._next = number + 1
+        if self.max_masked_share is not None:
+            result.check_masked_share(self.max_masked_share)
         return result

@@ -13,6 +13,12 @@ copying or syncing. It speaks exactly the dialect ``vllm_model`` expects of an u
   distribution it was *sampled* from (after temperature and top-p), entries' ``token`` written
   as ``"token_id:<id>"``.
 
+and it implements the ``required_prefix_token_ids`` extension (NeMo Gym 0.7's name): a request
+carrying the previous turn's prompt + generation ids gets exactly those ids as its prompt's start,
+followed by the tokens the template adds for the newer messages (``polygym.training.continuation``);
+the reply's ``prompt_continuation`` says whether that worked (``{"exact": true}``) or why the
+history was rendered anew instead,
+
 so the whole polygym stack — agents, environments, verifiers, ``vllm_model`` and the token-level
 collector — runs unchanged on top of it. It is also a small reference for what a remote trainer's
 generation server must return (README "Training").
@@ -44,11 +50,21 @@ from typing import Any
 
 import orjson
 import torch
+from jinja2 import TemplateError
 
-from polygym.dialects.chat import logprob_semantics
+from polygym.dialects.chat import PROMPT_CONTINUATION_FIELD, logprob_semantics
 from polygym.net.listen import AppServer, bind_socket
 from polygym.servers.base import HTTPError, ServerConfig
 from polygym.servers.model import ModelServer
+from polygym.training.continuation import (
+    PREFIX_FIELD,
+    Continuation,
+    NoCleanSuffix,
+    check_prefix,
+    join,
+    probe_messages,
+    suffix_text,
+)
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 _ROLES = {"developer": "system"}
@@ -119,6 +135,7 @@ class HFGenerator:
             raise ValueError("the tokenizer has no eos token; pass stop_token_ids")
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stop_ids[0]
+        self.max_context = int(getattr(model.config, "max_position_embeddings", None) or 1 << 20)
         self.stats = GeneratorStats()
         self.lock = threading.Lock()
         """Held while generating; a trainer that updates weights concurrently can take it too."""
@@ -127,19 +144,43 @@ class HFGenerator:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polygym-generate")
 
     # -- prompts ---------------------------------------------------------------------------------
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """The chat template's text for ``messages`` (and ``tools``), generation prompt appended."""
+        cleaned = [_template_message(m) for m in messages]
+        return str(
+            self.tokenizer.apply_chat_template(
+                cleaned,
+                tools=tools or None,
+                add_generation_prompt=True,
+                tokenize=False,
+                **self.chat_template_kwargs,
+            )
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def prompt_ids(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
         """The chat-templated prompt with the generation prompt appended, as token ids."""
-        cleaned = [_template_message(m) for m in messages]
-        text = self.tokenizer.apply_chat_template(
-            cleaned,
-            tools=tools or None,
-            add_generation_prompt=True,
-            tokenize=False,
-            **self.chat_template_kwargs,
-        )
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self.encode(self.render(messages, tools))
+
+    def continued_prompt(
+        self, prefix: list[int], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> Continuation:
+        """``prefix`` (the previous turn's exact ids) + the tokens the messages after the last
+        assistant turn add (``polygym.training.continuation``); no prompt, with the reason, when
+        the template gives no clean suffix."""
+        stop = prefix[-1] if prefix[-1] in self.stop_ids else self.stop_ids[0]
+        try:
+            probe = self.render(probe_messages(messages), tools)
+            text = suffix_text(self.render(messages, tools), probe, self.tokenizer.decode([stop]))
+        except NoCleanSuffix as exc:
+            return Continuation(None, str(exc))
+        except TemplateError as exc:
+            return Continuation(None, f"the chat template cannot render the probe messages: {exc}")
+        return Continuation(join(prefix, self.encode(text)))
 
     # -- generation --------------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
@@ -263,7 +304,15 @@ class HFGenerator:
         if body.get("stream"):
             raise HTTPError(400, "stream=true is not supported", "invalid_request")
         tools = [t.get("function", t) for t in body.get("tools") or [] if isinstance(t, dict)]
-        prompt = self.prompt_ids(messages, tools)
+        continuation = None
+        if body.get(PREFIX_FIELD) is not None:
+            try:
+                prefix = check_prefix(body[PREFIX_FIELD], len(self.tokenizer), self.max_context)
+            except ValueError as exc:
+                raise HTTPError(400, str(exc), "invalid_request") from None
+            continuation = self.continued_prompt(prefix, messages, tools)
+        exact = continuation.prompt_ids if continuation is not None else None
+        prompt = exact if exact is not None else self.prompt_ids(messages, tools)
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or self.default_max_tokens
         temperature = body.get("temperature")
         request = GenerationRequest(
@@ -303,6 +352,8 @@ class HFGenerator:
             completion["prompt_token_ids"] = prompt
             choice["token_ids"] = result.token_ids
             completion["logprob_semantics"] = request.semantics()
+        if continuation is not None:
+            completion[PROMPT_CONTINUATION_FIELD] = continuation.stamp()
         if body.get("logprobs"):
             choice["logprobs"] = {
                 "content": [

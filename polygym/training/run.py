@@ -6,7 +6,10 @@ What one run does, in order (every file lands in ``--output DIR``):
    serves the very model object being trained as a vLLM-like generation server
    (``generation_server``) on a loopback port.
 2. Starts the blend's environments and agents in this process, with ``vllm_model`` pointed at that
-   server and token capture on: every rollout is sampled from the current weights (on-policy).
+   server and token capture on: every rollout is sampled from the current weights (on-policy), and
+   multi-turn prompts extend the exact ids already generated (``supply_prefix_token_ids``,
+   ``continuation``). ``--max-masked-share`` warns (``--on-masked stop``: stops) when a step masks
+   more of an environment's rollouts than that.
 3. Validates every environment on its validation rows (greedy, one response per row, the same rows
    each time: each environment's first ``--validation-limit``), written as a ``gym eval run``
    would: ``validation_before.jsonl`` and ``validation_before_aggregate_metrics.json``. ``eval_only``
@@ -86,6 +89,10 @@ class RunSettings:
     """Environment -> the largest drop of its mean validation reward vs step 0 tolerated."""
     on_regression: str = "warn"
     """"warn": report a larger drop; "stop": also end training after the current step."""
+    max_masked_share: float | None = None
+    """Alarm when a step masks more than this share of an environment's rollouts."""
+    on_masked: str = "warn"
+    """"warn": report it; "stop": also end training after the current step."""
     gradient_share: GradientShare = "tokens"
     """"tokens": each trained token weighs 1 (an environment's gradient share follows its token
     count); "plan": each environment's gradient share is its planned share (``trl_adapter``)."""
@@ -117,6 +124,7 @@ def stack_config(
         "policy_api_key=",
         f"policy_model_name={POLICY_NAME}",
         "policy_model.responses_api_models.vllm_model.return_token_ids=true",
+        "policy_model.responses_api_models.vllm_model.supply_prefix_token_ids=true",
     ]
     return load_config(paths, [*base, *overrides])
 
@@ -251,6 +259,15 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             if check_regressions(step.step, mean_rewards(rewards)) and settings.on_regression == "stop":
                 trainer.control.should_training_stop = True  # after this step's update
                 echo(f"stopping after step {step.step}: --on-regression stop")
+        alarmed = [env for env, s in step.stats.items() if env != ALL_ENVS and s.masked_alarm]
+        for env in alarmed:
+            echo(
+                f"warning: step {step.step}: {step.stats[env].masked_share:.0%} of {env}'s rollouts "
+                f"masked (--max-masked-share {settings.max_masked_share})"
+            )
+        if alarmed and settings.on_masked == "stop":
+            trainer.control.should_training_stop = True
+            echo(f"stopping after step {step.step}: --on-masked stop")
         steps.append(step)
         append_jsonl(step.log_lines(), log_path)
         parts = [
@@ -288,6 +305,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             sampling=sampling,
             step_timeout_s=settings.step_timeout_s,
             overwrite=True,
+            max_masked_share=settings.max_masked_share,
         )
         with collector:
             t = time.perf_counter()
@@ -364,6 +382,14 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         },
         "masked_rollouts": sum(s.total.masked for s in steps),
         "non_contiguous_rollouts": sum(s.total.non_contiguous for s in steps),
+        "masked_share": masked_shares(steps),
+        "retemplated_turns": sum(s.total.retemplated_turns for s in steps),
+        "masked_alarms": [
+            {"step": s.step, "env": env}
+            for s in steps
+            for env, stats in s.stats.items()
+            if env != ALL_ENVS and stats.masked_alarm
+        ],
         "failed_rollouts": sum(s.total.failures for s in steps),
         "truncated_rollouts": sum(s.total.truncated for s in steps),
         "truncated_turns": sum(s.total.truncated_turns for s in steps),
@@ -371,6 +397,17 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(out, steps, comparison, timings, summary)
+
+
+def masked_shares(steps: Sequence[TokenStep]) -> dict[str, float | None]:
+    """Each environment's share of masked rollouts over the whole run (and ``_all``)."""
+    counts: dict[str, list[int]] = {}
+    for step in steps:
+        for env, stats in step.stats.items():
+            total = counts.setdefault(env, [0, 0])
+            total[0] += stats.masked
+            total[1] += sum(1 for r in step.rollouts if env in (ALL_ENVS, r.env))
+    return {env: masked / n if n else None for env, (masked, n) in counts.items()}
 
 
 def token_shares(steps: Sequence[TokenStep]) -> dict[str, dict[str, float | None]]:

@@ -21,7 +21,10 @@ with the previous call's prompt followed by its generation, token for token. Mod
 each prompt from text (the chat template re-tokenizes the history), so a generation whose text
 re-tokenizes differently (a rare merge of two sampled tokens, whitespace the template strips, a
 reasoning block the template drops) silently changes the context: training on the assembled
-sequence would then be off-policy without anyone noticing. ``assemble`` checks every turn; a rollout
+sequence would then be off-policy without anyone noticing. Token-in/token-out multi-turn
+(``polygym.training.continuation``) avoids that: the server extends the previous call's exact ids
+and stamps the call ``prompt_continuation: {"exact": true}``; calls rendered anew are counted
+(``retemplated_turns``). ``assemble`` still checks every turn; a rollout
 that breaks the rule is returned with ``contiguous=False``, a ``problem`` saying where, and an
 all-zero ``loss_mask`` (``masked=True``), so it contributes nothing to the loss while its reward is
 still reported. Rollouts with no token fields at all (token capture off, or an episode that ended
@@ -40,7 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from polygym.dialects.chat import LOGPROB_SEMANTICS_FIELD
+from polygym.dialects.chat import LOGPROB_SEMANTICS_FIELD, PROMPT_CONTINUATION_FIELD
 from polygym.row import ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX, reward
 
 _NOT_COMPONENTS = frozenset({"reward", "responses_create_params", "response", "agent_ref"})
@@ -57,6 +60,12 @@ class ModelCall:
     """Index in ``response.output`` of the item that carried the fields."""
     semantics: dict[str, Any] | None = None
     """How the model server took the log-probs (``LOGPROB_SEMANTICS_FIELD``), when it said."""
+    continuation: dict[str, Any] | None = None
+    """Whether the prompt extended the previous call's exact ids (``PROMPT_CONTINUATION_FIELD``)."""
+
+    @property
+    def exact_continuation(self) -> bool:
+        return isinstance(self.continuation, dict) and self.continuation.get("exact") is True
 
 
 @dataclass
@@ -81,6 +90,10 @@ class TokenRollout:
     truncated_turns: int = 0
     """Model calls that stopped at the row's ``max_output_tokens``: in a multi-turn game every turn
     can be cut while the episode itself still ends ``completed``."""
+    retemplated_turns: int = 0
+    """Calls after the first whose prompt was rendered anew from the history's text instead of
+    extending the previous call's ids (token-in/token-out off, or no clean suffix:
+    ``polygym.training.continuation``); each may drift, which masks the rollout."""
     contiguous: bool = True
     masked: bool = False
     """True when ``loss_mask`` was zeroed because the rollout cannot be trained on as is."""
@@ -121,6 +134,9 @@ def model_calls(output: Iterable[Any]) -> list[ModelCall]:
                 item_index=index,
                 semantics=semantics
                 if isinstance(semantics := item.get(LOGPROB_SEMANTICS_FIELD), dict)
+                else None,
+                continuation=stamp
+                if isinstance(stamp := item.get(PROMPT_CONTINUATION_FIELD), dict)
                 else None,
             )
         )
@@ -194,6 +210,7 @@ def assemble(rollout: dict[str, Any], env: str | None = None, input_keys: Iterab
         reward=reward(rollout),
         reward_components=reward_components(rollout, input_keys),
         num_turns=len(calls),
+        retemplated_turns=sum(not call.exact_continuation for call in calls[1:]),
         truncated=is_truncated(rollout) or cut_turns > 0,
         truncated_turns=cut_turns,
         step=rollout.get(STEP_FIELD) if isinstance(rollout.get(STEP_FIELD), int) else None,
@@ -222,11 +239,14 @@ def assemble(rollout: dict[str, Any], env: str | None = None, input_keys: Iterab
         if turn > 0:
             if call.prompt_ids[: len(ids)] != ids:
                 at = _first_difference(call.prompt_ids, ids)
+                reason = (call.continuation or {}).get("reason")
                 return _masked(
                     base,
                     call,
                     f"turn {turn}: the prompt does not extend turn {turn - 1}'s prompt + generation "
-                    f"(first difference at token {at} of {len(ids)}; retokenized history)",
+                    f"(first difference at token {at} of {len(ids)}; retokenized history"
+                    + (f": {reason}" if reason else "")
+                    + ")",
                     contiguous=False,
                 )
             added = call.prompt_ids[len(ids) :]

@@ -25,6 +25,9 @@ How a turn is produced, and why:
 
 Token ids and log probs are returned when asked (``return_token_ids`` in the request or config):
 ``prompt_token_ids``, ``generation_token_ids`` and ``generation_log_probs`` on the last output item.
+When the history sent back carries them, the next prompt is those exact ids plus the tokens of the
+newer messages (token-in/token-out, ``polygym.training.continuation``), not a re-rendered history,
+and ``prompt_continuation`` on the output says so (or why not).
 Log probs are the model's own (temperature 1, before the grammar mask), i.e. what a trainer
 recomputes; generation ids include the end-of-turn token when the model stopped by itself.
 """
@@ -46,6 +49,15 @@ from polygym.dialects import chat as chat_convert
 from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
 from polygym.protocol import TRAINING_TOKEN_FIELDS, input_items
 from polygym.servers.extras import require_extra
+from polygym.training.continuation import (
+    Continuation,
+    NoCleanSuffix,
+    check_prefix,
+    join,
+    parent_ids,
+    probe_messages,
+    suffix_text,
+)
 from polygym.weights import KNOWN_MODELS, WeightsError, ensure_weights
 from responses_api_models.local_model.engine import Engine, EngineSettings, Generation, default_threads
 from responses_api_models.local_model.tool_calls import (
@@ -242,6 +254,9 @@ class Turn:
     generation: Generation
     prompt_ids: list[int]
     attempts: int
+    continuation: Continuation | None = None
+    """How the prompt was built from the previous call's ids, on later turns of a token-capturing
+    episode (``polygym.training.continuation``)."""
 
 
 # ------------------------------------------------------------------------------------- server
@@ -387,7 +402,7 @@ class LocalModel(ModelServer[Config]):
             raise HTTPError(400, "tools must be a list", "invalid_request")
         tools = function_tools(body.get("tools"))
         mode = tool_mode(body.get("tool_choice"), tools)
-        prompt_ids = await self._prompt_ids(engine, body, bool(tools))
+        prompt_ids, continuation = await self._prompt_ids(engine, body, bool(tools))
         room = engine.settings.n_ctx - len(prompt_ids)
         options = self._sampling(body, room)
         if top_logprobs:
@@ -432,10 +447,14 @@ class LocalModel(ModelServer[Config]):
             logger.debug("%s: repeated call(s) to %s; regenerating", self.name, sorted(repeated))
         if fresh or not parsed.calls:
             parsed = ParsedTurn(parsed.text, fresh)
-        return Turn(parsed, generation, prompt_ids, attempts)
+        return Turn(parsed, generation, prompt_ids, attempts, continuation)
 
-    async def _prompt_ids(self, engine: Engine, body: dict[str, Any], has_tools: bool) -> list[int]:
-        """The request rendered by the model's chat template and tokenized; 400 when too long."""
+    async def _prompt_ids(
+        self, engine: Engine, body: dict[str, Any], has_tools: bool
+    ) -> tuple[list[int], Continuation | None]:
+        """The request as token ids: the previous call's exact ids plus the new messages' tokens when
+        the history carries them (token-in/token-out), else the whole history rendered by the
+        model's chat template and tokenized; 400 when too long."""
         raw_input = body.get("input", [])
         if not isinstance(raw_input, str | list) or (
             isinstance(raw_input, list) and not all(isinstance(i, dict) for i in raw_input)
@@ -448,15 +467,15 @@ class LocalModel(ModelServer[Config]):
         if not messages:
             raise HTTPError(400, "input is empty", "invalid_request")
         tools = chat.get("tools") or []
-        try:
-            prompt = await engine.apply_template(messages, tools)
-        except HTTPError:
-            if not tools:
-                raise
-            # llama.cpp also compiles the tool schemas here and rejects ones it cannot (an unresolved
-            # $ref, ...): show the model the simplified schemas, descriptions kept, instead.
-            prompt = await engine.apply_template(messages, [_displayable(t) for t in tools])
-        prompt_ids = await engine.tokenize(prompt)
+        full = await _render(engine, messages, tools)
+        prefix, no_prefix = parent_ids(input_items(body))
+        continuation = None if no_prefix is None else Continuation(None, no_prefix)
+        if prefix is not None:
+            continuation = await self._continued(engine, prefix, messages, tools, full)
+        if continuation is not None and continuation.prompt_ids is not None:
+            prompt_ids = continuation.prompt_ids
+        else:
+            prompt_ids = await engine.tokenize(full)
         if len(prompt_ids) >= engine.settings.n_ctx:
             raise HTTPError(
                 400,
@@ -464,7 +483,23 @@ class LocalModel(ModelServer[Config]):
                 f"{engine.settings.n_ctx} per request",
                 "context_length_exceeded",
             )
-        return prompt_ids
+        return prompt_ids, continuation
+
+    @staticmethod
+    async def _continued(
+        engine: Engine,
+        prefix: list[int],
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        full: str,
+    ) -> Continuation:
+        try:
+            prefix = check_prefix(prefix, engine.n_vocab or 1 << 31, engine.settings.n_ctx)
+            probe = await _render(engine, probe_messages(messages), tools)
+            text = suffix_text(full, probe, engine.eos_text)
+        except (NoCleanSuffix, ValueError) as exc:
+            return Continuation(None, str(exc))
+        return Continuation(join(prefix, await engine.tokenize(text, add_special=False)))
 
     def _temperature(self, body: dict[str, Any]) -> float | None:
         return _number(body, "temperature", self.config.temperature, float, 0, 2)
@@ -524,6 +559,18 @@ class LocalModel(ModelServer[Config]):
         )
 
 
+async def _render(engine: Engine, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
+    """The model's chat template applied to ``messages`` and ``tools`` (generation prompt on)."""
+    try:
+        return await engine.apply_template(messages, tools)
+    except HTTPError:
+        if not tools:
+            raise
+        # llama.cpp also compiles the tool schemas here and rejects ones it cannot (an unresolved
+        # $ref, ...): show the model the simplified schemas, descriptions kept, instead.
+        return await engine.apply_template(messages, [_displayable(t) for t in tools])
+
+
 def _displayable(tool: dict[str, Any]) -> dict[str, Any]:
     """A chat-format tool with its parameters reduced to the schema subset every engine accepts."""
     function = dict(tool.get("function") or {})
@@ -548,10 +595,13 @@ def _training_fields(turn: Turn, temperature: float | None) -> dict[str, Any]:
     generation = turn.generation
     values = (list(turn.prompt_ids), list(generation.token_ids), list(generation.log_probs))
     semantics = chat_convert.logprob_semantics("llama_cpp", temperature, "raw")
-    return {
+    fields = {
         **dict(zip(TRAINING_TOKEN_FIELDS, values, strict=True)),
         chat_convert.LOGPROB_SEMANTICS_FIELD: semantics,
     }
+    if turn.continuation is not None:
+        fields[chat_convert.PROMPT_CONTINUATION_FIELD] = turn.continuation.stamp()
+    return fields
 
 
 def _logprob_entries(generation: Generation, top: int) -> list[dict[str, Any]]:

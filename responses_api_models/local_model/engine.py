@@ -91,6 +91,9 @@ class Engine:
         self._pool = ThreadPoolExecutor(max_workers=settings.n_parallel, thread_name_prefix="local_model")
         self._slots = asyncio.Semaphore(settings.n_parallel)
         self.tags = CallTags()
+        self.eos_text = ""
+        """The end-of-generation token's text (``<|im_end|>``): where the template ends a turn."""
+        self.n_vocab = 0
         self.in_flight = 0
         self.stats = {
             "generations": 0,
@@ -137,6 +140,9 @@ class Engine:
         self.tags = CallTags(
             open=await self._tag_literal("<tool_call>"), close=await self._tag_literal("</tool_call>")
         )
+        self.eos_text = str((await self._get("/props")).get("eos_token") or "")
+        models = (await self._get("/v1/models")).get("data") or [{}]
+        self.n_vocab = int((models[0].get("meta") or {}).get("n_vocab") or 0)
 
     async def _tag_literal(self, tag: str) -> str:
         pieces = await self._post("/tokenize", {"content": tag, "with_pieces": True, "parse_special": True})
@@ -185,6 +191,13 @@ class Engine:
                 raise HTTPError(400 if status < 500 else 500, f"llama.cpp {path}: {message}", "llama_error")
             return data
 
+    async def _get(self, path: str) -> dict[str, Any]:
+        if self._http is None:
+            raise HTTPError(503, "the local model is not loaded yet", "model_not_ready")
+        async with self._http.get(self._base_url + path) as reply:
+            data = await reply.json(content_type=None)
+        return data if isinstance(data, dict) else {}
+
     async def apply_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
         """The prompt text the model's chat template makes of ``messages`` and ``tools``."""
         body: dict[str, Any] = {"messages": messages}
@@ -192,9 +205,10 @@ class Engine:
             body["tools"] = tools
         return str((await self._post("/apply-template", body))["prompt"])
 
-    async def tokenize(self, text: str) -> list[int]:
-        """Token ids exactly as llama.cpp tokenizes a text prompt (special tokens parsed)."""
-        body = {"content": text, "add_special": True, "parse_special": True}
+    async def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids exactly as llama.cpp tokenizes a text prompt (special tokens parsed; BOS and
+        the like added unless ``add_special`` is off, as for a suffix)."""
+        body = {"content": text, "add_special": add_special, "parse_special": True}
         return [int(t) for t in (await self._post("/tokenize", body))["tokens"]]
 
     async def detokenize(self, token_ids: list[int]) -> str:

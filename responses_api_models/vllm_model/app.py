@@ -28,7 +28,9 @@ Choices, and why:
   OpenAI-server extensions (see ``TOKEN_REQUEST_FIELDS``) and the ids and log-probs go on the last
   output item of the call (DESIGN §3). A reply without them is a 502, never a silently untrainable
   rollout. Token fields that agents send back on earlier output are stripped before the upstream
-  sees the history.
+  sees the history; with ``supply_prefix_token_ids`` the last call's ids go instead as
+  ``required_prefix_token_ids`` (token-in/token-out multi-turn, ``polygym.training.continuation``),
+  and each call's last item says whether its prompt extended them (``prompt_continuation``).
 - **Streaming is refused** with a clear 400: rollouts need whole responses, and a half-forwarded
   stream could not be retried.
 """
@@ -45,12 +47,14 @@ from starlette.responses import Response
 
 from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig, new_response
 from polygym.dialects import chat as chat_convert
+from polygym.dialects.chat import PROMPT_CONTINUATION_FIELD
 from polygym.net import budget, failure
 from polygym.net.client import Reply
 from polygym.net.retry import NO_RETRY
 from polygym.protocol import input_items
 from polygym.redact import redact_text
 from polygym.servers.model import relay, upstream_failure
+from polygym.training.continuation import PREFIX_FIELD, parent_ids
 from responses_api_models.vllm_model.routing import UpstreamPool, content_key
 
 logger = logging.getLogger("polygym.vllm_model")
@@ -113,6 +117,12 @@ class Config(UpstreamConfig):
     """Split ``<think>...</think>`` out of the content when the server runs no reasoning parser."""
     shrink_max_tokens: bool = True
     """On a context-length error that says how much room is left, retry once with that ``max_tokens``."""
+    supply_prefix_token_ids: bool = False
+    """Token-in/token-out multi-turn (with token capture on): send the previous turn's exact prompt +
+    generation ids as ``required_prefix_token_ids`` (NeMo Gym 0.7's name), so the upstream extends
+    them instead of re-rendering the history (``polygym.training.continuation``). The upstream must
+    implement that extension (polygym's generation server does; stock vLLM does not: every later
+    turn then fails with a 502 rather than drifting silently)."""
     extra_body: dict[str, Any] = Field(default_factory=dict)
     """Fields added to every upstream chat request (e.g. ``chat_template_kwargs``, ``top_k``);
     the request's own fields win."""
@@ -166,6 +176,30 @@ def token_fields(completion: dict[str, Any]) -> tuple[list[int], list[int], list
             f"the reply has {len(generated)} generated token ids but {len(log_probs)} log-probs"
         )
     return [int(t) for t in prompt], [int(t) for t in generated], log_probs
+
+
+def continuation_stamp(
+    completion: dict[str, Any], prompt: list[int], prefix: list[int] | None, no_prefix: str | None, url: str
+) -> dict[str, Any] | None:
+    """The call's ``prompt_continuation``: exact when the upstream's prompt starts with the ids
+    supplied, else the upstream's or our own reason; None on a first turn or with supply off.
+    Answers 502 when the upstream ignored the prefix without saying so (stock vLLM
+    has no ``required_prefix_token_ids``): a silently re-rendered history is what this prevents."""
+    if prefix is None:
+        return None if no_prefix is None else {"exact": False, "reason": no_prefix}
+    stated = completion.get(PROMPT_CONTINUATION_FIELD)
+    if isinstance(stated, dict) and stated.get("exact") is False:
+        reason = stated.get("reason") or "the upstream rendered the history anew"
+        return {"exact": False, "reason": str(reason)}
+    if prompt[: len(prefix)] != prefix:
+        raise HTTPError(
+            502,
+            f"upstream {redact_text(url)}: its prompt_token_ids do not start with the {PREFIX_FIELD} "
+            "sent, so it lacks that extension: use polygym's generation server or NeMo RL's vLLM "
+            "server, or set supply_prefix_token_ids: false",
+            "upstream_prefix_ignored",
+        )
+    return {"exact": True}
 
 
 def upstream_semantics(completion: dict[str, Any], chat: dict[str, Any]) -> dict[str, Any]:
@@ -268,15 +302,21 @@ class VLLMModel(ModelServer[Config]):
         raw = body.get("input", [])
         if not (isinstance(raw, str) or (isinstance(raw, list) and all(isinstance(i, dict) for i in raw))):
             raise HTTPError(400, "input must be a string or a list of item objects", "invalid_request")
-        items = chat_convert.strip_token_fields(input_items(body))
+        history = input_items(body)
+        items = chat_convert.strip_token_fields(history)
         flag = body.get("return_token_ids")
         want_tokens = flag if isinstance(flag, bool) else self.config.return_token_ids
         chat = chat_convert.responses_request_to_chat(
             {**body, "input": items}, reasoning=self.config.reasoning_history
         )
         chat = {**self.config.extra_body, **chat, "model": self.config.model}
+        prefix, no_prefix = None, None
         if want_tokens:
             _ask_for_tokens(chat)
+            if self.config.supply_prefix_token_ids:
+                prefix, no_prefix = parent_ids(history)
+                if prefix is not None:
+                    chat[PREFIX_FIELD] = prefix
         key = self._key() or content_key([body.get("instructions"), _opening(items)])
         reply, url = await self._post("/chat/completions", chat, key)
         overflow = context_overflow(reply)
@@ -299,8 +339,12 @@ class VLLMModel(ModelServer[Config]):
         )
         if want_tokens:
             try:
+                fields = token_fields(completion)
                 chat_convert.attach_token_fields(
-                    response["output"], *token_fields(completion), upstream_semantics(completion, chat)
+                    response["output"],
+                    *fields,
+                    upstream_semantics(completion, chat),
+                    continuation_stamp(completion, fields[0], prefix, no_prefix, url),
                 )
             except TokenCaptureError as exc:
                 raise HTTPError(

@@ -184,3 +184,34 @@ def test_on_regression_stop_ends_training_after_the_regressed_step(
     assert summary["validation_regressions"][0]["step"] == 1
     assert summary["trainer_seed"] == 7 and summary["blend_seed"] == 0  # separate seeds
     assert [c["step"] for c in iter_jsonl(out / "validation.jsonl")] == [0, 1, 2]  # the end: 2 updates
+
+
+def test_max_masked_share_alarm_warns_records_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from polygym.training.collector import TokenStep
+
+    check = TokenStep.check_masked_share
+    # token-in/token-out leaves nothing masked here: a bound below zero makes every step pass it
+    monkeypatch.setattr(TokenStep, "check_masked_share", lambda step, bound: check(step, -1.0))
+    spec = tmp_path / "blend.yaml"
+    spec.write_text("environments:\n  mcqa: {}\nprompts_per_step: 2\nresponses_per_prompt: 2\n")
+    out = tmp_path / "run"
+    args = ["train", "run", str(spec), "-o", str(out), "--model", "tiny", "--steps", "3"]
+    args += ["--validation-limit", "1", "--max-output-tokens", "2", "--train-layers", "1"]
+    args += ["--max-masked-share", "0", "--on-masked", "stop"]
+    result = CliRunner().invoke(gym, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "warning: step 0: 0% of mcqa's rollouts masked (--max-masked-share 0.0)" in result.output
+    assert "stopping after step 0: --on-masked stop" in result.output
+    lines = list(iter_jsonl(out / "train_log.jsonl"))
+    assert {line["step"] for line in lines} == {0}
+    mcqa = next(line for line in lines if line["env"] == "mcqa")
+    assert mcqa["masked_share"] == 0.0 and mcqa["masked_alarm"] == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["masked_alarms"] == [{"step": 0, "env": "mcqa"}]
+    assert summary["masked_share"] == {"mcqa": 0.0, "_all": 0.0}
+    trainer_log = list(iter_jsonl(out / "trainer_log.jsonl"))
+    assert any(line.get("polygym/mcqa/masked_alarm") == 1.0 for line in trainer_log)
+    bad = CliRunner().invoke(gym, [*args[:6], "--max-masked-share", "1.5"])
+    assert bad.exit_code == 2 and "--max-masked-share" in bad.output

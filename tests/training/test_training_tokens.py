@@ -195,6 +195,20 @@ def test_two_turns_assemble_with_environment_tokens_between() -> None:
     assert rollout.reward_components == {"score_a": 1.0}
 
 
+def test_turns_rendered_anew_are_counted_and_a_drift_names_the_servers_reason() -> None:
+    exact = {**call([1, 2, 3, 4, 9], [5], [-3]), "prompt_continuation": {"exact": True}}
+    first = call([1, 2], [3, 4], [-1, -2])
+    rollout = assemble({"response": {"output": [first, exact]}}, env="e")
+    assert rollout.retemplated_turns == 0 and not rollout.masked
+    plain = assemble({"response": {"output": [first, call([1, 2, 3, 4, 9], [5], [-3])]}}, env="e")
+    assert plain.retemplated_turns == 1 and not plain.masked  # re-rendered, but it happened to match
+    stamp = {"exact": False, "reason": "no clean suffix"}
+    drifted = {**call([1, 2, 3, 7, 9], [5], [-3]), "prompt_continuation": stamp}
+    rollout = assemble({"response": {"output": [first, drifted]}}, env="e")
+    assert rollout.masked and rollout.retemplated_turns == 1
+    assert rollout.problem is not None and rollout.problem.endswith("retokenized history: no clean suffix)")
+
+
 def test_group_advantages_match_hand_computed_values() -> None:
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.5, 0.0, 1.0, 2.0]
     groups = ["a", "a", "a", "a", "b", "b", "c", "c", "c", "d"]

@@ -113,6 +113,33 @@ async def test_responses_tool_call_with_token_ids(
     assert decoded["name"] == "get_weather" and decoded["arguments"] == {"city": "Oslo"}
 
 
+async def test_next_turn_extends_the_exact_ids_of_the_tool_call(
+    served: tuple[LocalModel, AppServer], client: AsyncOpenAI
+) -> None:
+    """Token-in/token-out: turn 2's prompt is turn 1's prompt + generation, then the tool output."""
+    engine = served[0].engine
+    assert engine is not None and engine.eos_text == "<|im_end|>" and engine.n_vocab > 0
+    params: dict[str, Any] = {"model": "local", "tools": [WEATHER_TOOL], "temperature": 0}
+    params["extra_body"] = {"return_token_ids": True}
+    first = await client.responses.create(input=weather_input(), max_output_tokens=40, **params)
+    call = first.output[-1].model_dump()
+    assert call["type"] == "function_call" and "prompt_continuation" not in call
+    history = [
+        *weather_input(),
+        call,
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"},
+    ]
+    second = await client.responses.create(input=history, max_output_tokens=8, **params)
+    fields = second.output[-1].model_extra or {}
+    assert fields["prompt_continuation"] == {"exact": True}
+    parent = call["prompt_token_ids"] + call["generation_token_ids"]
+    prompt = fields["prompt_token_ids"]
+    assert prompt[: len(parent)] == parent
+    added = await engine.detokenize(prompt[len(parent) :])
+    assert added.startswith("\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response>")
+    assert added.endswith("<|im_start|>assistant\n")
+
+
 async def test_answer_token_ids_detokenize_to_the_text(
     served: tuple[LocalModel, AppServer], client: AsyncOpenAI
 ) -> None:

@@ -570,6 +570,61 @@ async def test_token_capture_per_request_and_fallbacks(servers: list[AppServer],
     assert "prompt_token_ids" in error["message"] and "choices[0].token_ids" in error["message"]
 
 
+def prefix_honouring(body: dict[str, Any]) -> tuple[int, Any]:
+    """A backend with the ``required_prefix_token_ids`` extension: its prompt starts with them."""
+    status, reply = vllm_tokens(body)
+    prefix = body.get("required_prefix_token_ids")
+    if prefix is not None:
+        reply["prompt_token_ids"] = [*prefix, 50, 51]
+    return status, reply
+
+
+async def test_prefix_token_ids_supplied_from_the_history(
+    servers: list[AppServer], raw: ServerClient
+) -> None:
+    upstream = Upstream(handler=prefix_honouring)
+    url = await serve_upstream(servers, upstream)
+    proxy = await serve_model(servers, **config(url, return_token_ids=True, supply_prefix_token_ids=True))
+    first = (await post(raw, proxy, "/v1/responses", {"input": "weather?"})).json()
+    assert "required_prefix_token_ids" not in upstream.requests[0]  # a first turn has no parent
+    assert "prompt_continuation" not in first["output"][-1]
+    history = [{"role": "user", "content": "weather?"}, *first["output"], {"role": "user", "content": "and?"}]
+    second = (await post(raw, proxy, "/v1/responses", {"input": history})).json()
+    sent = upstream.requests[1]
+    assert sent["required_prefix_token_ids"] == [100, 101, 7, 8, 9]  # turn 0's prompt + generation
+    assert not any(key in json.dumps(sent["messages"]) for key in TRAINING_TOKEN_FIELDS)
+    assert second["output"][-1]["prompt_token_ids"] == [100, 101, 7, 8, 9, 50, 51]
+    assert second["output"][-1]["prompt_continuation"] == {"exact": True}
+
+    # the backend's own fallback is passed on; an assistant item after the ids is not continued
+    upstream.replies.append(
+        (200, {**vllm_tokens(sent)[1], "prompt_continuation": {"exact": False, "reason": "no clean suffix"}})
+    )
+    fell_back = (await post(raw, proxy, "/v1/responses", {"input": history})).json()
+    assert fell_back["output"][-1]["prompt_continuation"] == {"exact": False, "reason": "no clean suffix"}
+    prefilled = [*history, {"role": "assistant", "content": "prefilled"}]
+    reply = (await post(raw, proxy, "/v1/responses", {"input": prefilled})).json()
+    assert "required_prefix_token_ids" not in upstream.requests[-1]
+    assert reply["output"][-1]["prompt_continuation"] == {
+        "exact": False,
+        "reason": "assistant items follow the last generated turn",
+    }
+
+    # stock vLLM ignores the field: a 502 naming the fix, not a silently re-rendered history
+    plain = await serve_model(
+        servers,
+        **config(
+            await serve_upstream(servers, Upstream(handler=vllm_tokens)),
+            return_token_ids=True,
+            supply_prefix_token_ids=True,
+        ),
+    )
+    reply_raw = await post(raw, plain, "/v1/responses", {"input": history})
+    assert reply_raw.status == 502
+    assert reply_raw.json()["error"]["type"] == "upstream_prefix_ignored"
+    assert "supply_prefix_token_ids: false" in reply_raw.json()["error"]["message"]
+
+
 # --------------------------------------------------------------------------- context length
 
 VLLM_MAX_TOKENS_TOO_LARGE = (
