@@ -33,6 +33,7 @@ trained tokens (``trained_token_share``) and of its loss weight (``gradient_shar
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import statistics
 import threading
@@ -51,6 +52,7 @@ from polygym.row import ALL_ENVS, ENV_FIELD
 from polygym.stack.config import StackConfig
 from polygym.stack.session import StackSession, StackTarget
 from polygym.training.advantages import zero_variance_groups
+from polygym.training.policy_version import StalenessBound, check_staleness
 from polygym.training.tokens import TokenRollout, assemble
 
 T = TypeVar("T")
@@ -90,6 +92,10 @@ class EnvTokenStats(EnvStepReport):
     gradient_share: float | None = None
     """Share of the step's loss weight: ``generated_tokens x loss_weight`` over the step's total
     (equal to ``trained_token_share`` when every weight is 1)."""
+    stale: int = 0
+    """Rollouts over the collector's ``max_staleness`` (``policy_version``): masked when refused."""
+    staleness_max: int | None = None
+    """Most steps any rollout lagged the policy that trains on it (None: no version known)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,6 +133,8 @@ def env_token_stats(report: EnvStepReport, rollouts: list[TokenRollout]) -> EnvT
         masked=sum(r.masked for r in rollouts),
         non_contiguous=sum(not r.contiguous for r in rollouts),
         reward_components={k: statistics.fmean(v) for k, v in components.items()},
+        stale=sum(r.stale for r in rollouts),
+        staleness_max=max((r.staleness for r in rollouts if r.staleness is not None), default=None),
     )
 
 
@@ -140,6 +148,9 @@ class TokenStep:
     stats: dict[str, EnvTokenStats]
     """Per environment, in spec order, then ``_all``."""
     report: StepReport
+    off_policy: dict[str, float] = field(default_factory=dict)
+    """Policy versions of the step (``policy_version.StalenessSummary``) and, when the trainer
+    corrects for them, its importance-sampling ratios (``off_policy``)."""
 
     @property
     def total(self) -> EnvTokenStats:
@@ -164,6 +175,7 @@ class TokenStep:
         for env, stats in self.stats.items():
             name = "all" if env == ALL_ENVS else env
             out.update({f"{prefix}/{name}/{k}": v for k, v in stats.log_values().items()})
+        out.update({f"{prefix}/off_policy/{k}": v for k, v in self.off_policy.items()})
         return out
 
     @property
@@ -177,6 +189,7 @@ class TokenStep:
             "elapsed_s": round(self.report.elapsed_s, 4),
             "timed_out": self.report.timed_out,
             "logprob_semantics": self.logprob_semantics,
+            "off_policy": self.off_policy,
         }
         return [{**stats.to_dict(), **extra} for stats in self.stats.values()]
 
@@ -196,10 +209,16 @@ def distinct_semantics(rollouts: list[TokenRollout]) -> list[dict[str, Any]]:
 
 
 def token_step(
-    report: StepReport, input_keys: dict[str, set[str]] | None = None, allow_mixed_semantics: bool = False
+    report: StepReport,
+    input_keys: dict[str, set[str]] | None = None,
+    allow_mixed_semantics: bool = False,
+    staleness: StalenessBound | None = None,
+    window: tuple[int | None, int | None] = (None, None),
 ) -> TokenStep:
     """Assemble a step report's rollouts and compute its per-environment token stats.
 
+    Each rollout is stamped with the policy version that generated it and checked against
+    ``staleness`` (``policy_version.check_staleness``; step ``n`` is trained by version ``n``).
     Raises ``MixedLogprobSemanticsError`` when rollouts state different log-prob semantics,
     unless ``allow_mixed_semantics`` (then ``TokenStep.logprob_semantics`` lists them)."""
     input_keys = input_keys or {}
@@ -207,6 +226,7 @@ def token_step(
         assemble(r, env=r.get(ENV_FIELD), input_keys=input_keys.get(str(r.get(ENV_FIELD)), ()))
         for r in report.rollouts
     ]
+    versions = check_staleness(rollouts, report.rollouts, report.step, staleness or StalenessBound(), window)
     rollouts.sort(key=lambda r: (r.group_id, r.rollout_index))
     kinds = distinct_semantics(rollouts)
     if len(kinds) > 1 and not allow_mixed_semantics:
@@ -219,7 +239,7 @@ def token_step(
         for env, env_report in report.envs.items()
     }
     stats[ALL_ENVS] = env_token_stats(report.total, rollouts)
-    step = TokenStep(report.step, rollouts, stats, report)
+    step = TokenStep(report.step, rollouts, stats, report, versions.values())
     step.set_loss_weights({})
     return step
 
@@ -235,21 +255,27 @@ async def stream_token_steps(
     settings: StepSettings,
     overwrite: bool = False,
     allow_mixed_semantics: bool = False,
+    staleness: StalenessBound | None = None,
 ) -> AsyncGenerator[TokenStep, None]:
     """Collect steps ``start_step, start_step + 1, ...`` (``settings.steps`` of them, or fewer when
     the caller stops iterating) with token capture on; yields each finished step as a ``TokenStep``.
 
     ``start_step > 0`` continues a run in ``output`` (earlier steps kept, later ones dropped);
-    ``start_step == 0`` needs ``overwrite`` when ``output`` already holds a run.
+    ``start_step == 0`` needs ``overwrite`` when ``output`` already holds a run. ``staleness``
+    stamps and bounds each step's rollouts (its ``published`` version read around each step).
     """
     settings = replace(settings, sampling={**settings.sampling, **TOKEN_SAMPLING})
     files = StepFiles(output)
     prepare_step_files(files, blend.sampler(), settings, overwrite)
     keys = _input_keys(blend)
     reports = _stream_steps(client, blend, files, settings)
+    published = staleness.published if staleness is not None else None
+    began = published.current if published is not None else None
     async with contextlib.aclosing(reports) as stream:
         async for report in stream:
-            yield token_step(report, keys, allow_mixed_semantics)
+            ended = published.current if published is not None else None
+            yield token_step(report, keys, allow_mixed_semantics, staleness, (began, ended))
+            began = published.current if published is not None else None
 
 
 class TokenCollector:
@@ -272,6 +298,7 @@ class TokenCollector:
         overwrite: bool = False,
         backend: str = "inline",
         allow_mixed_logprob_semantics: bool = False,
+        staleness: StalenessBound | None = None,
     ) -> None:
         self.blend = spec if isinstance(spec, Blend) else load_blend(spec)
         self.output = Path(output)
@@ -281,6 +308,7 @@ class TokenCollector:
         self.step_timeout_s = step_timeout_s
         self.overwrite = overwrite
         self.allow_mixed_logprob_semantics = allow_mixed_logprob_semantics
+        self.staleness = staleness or StalenessBound()
         self.client: ServerClient | None = None
         self._session: StackSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -349,6 +377,12 @@ class TokenCollector:
         """Collect step ``number`` (default: the one after the last collected) and return it."""
         return self.run(self._step(self._next if number is None else number))
 
+    def submit(self, number: int) -> concurrent.futures.Future[TokenStep]:
+        """Start collecting step ``number`` in the background (``off_policy``); one at a time."""
+        if self._loop is None:
+            raise RuntimeError("the collector is not started")
+        return asyncio.run_coroutine_threadsafe(self._step(number), self._loop)
+
     async def _step(self, number: int) -> TokenStep:
         if number < 0:
             raise ValueError("step numbers start at 0")
@@ -365,6 +399,7 @@ class TokenCollector:
                 settings,
                 self.overwrite,
                 self.allow_mixed_logprob_semantics,
+                self.staleness,
             )
             self.overwrite = True  # this collector's own files from here on
         result = await anext(self._stream)

@@ -83,6 +83,8 @@ class GenerationResult:
     logprobs: list[float]
     finish_reason: str
     """``stop`` (a stop token ended it) or ``length`` (``max_tokens`` reached)."""
+    policy_version: int | None = None
+    """``HFGenerator.policy_version`` while the batch was generated (read under the lock)."""
 
 
 @dataclass
@@ -122,6 +124,9 @@ class HFGenerator:
         self.stats = GeneratorStats()
         self.lock = threading.Lock()
         """Held while generating; a trainer that updates weights concurrently can take it too."""
+        self.policy_version: int | None = None
+        """The version of the weights being served (set by a ``weight_sync`` hook under ``lock``),
+        stated on every completion with token ids as ``policy_version``; None: not tracked."""
         self._queue: asyncio.Queue[GenerationRequest] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polygym-generate")
@@ -171,6 +176,7 @@ class HFGenerator:
         }
         began = time.perf_counter()
         with self.lock, torch.no_grad():
+            version = self.policy_version
             training = self.model.training
             self.model.eval()
             try:
@@ -194,7 +200,7 @@ class HFGenerator:
             finish = "stop" if end is not None else "length"
             tokens = tokens[: end + 1] if end is not None else tokens
             chosen = [float(x) for x in logprobs[row, : len(tokens)]]
-            results.append(GenerationResult(tokens, chosen, finish))
+            results.append(GenerationResult(tokens, chosen, finish, version))
         self.stats.batches += 1
         self.stats.sequences += len(requests)
         self.stats.generated_tokens += sum(len(r.token_ids) for r in results)
@@ -303,6 +309,8 @@ class HFGenerator:
             completion["prompt_token_ids"] = prompt
             choice["token_ids"] = result.token_ids
             completion["logprob_semantics"] = request.semantics()
+            if result.policy_version is not None:
+                completion["policy_version"] = result.policy_version
         if body.get("logprobs"):
             choice["logprobs"] = {
                 "content": [

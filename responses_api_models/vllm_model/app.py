@@ -28,7 +28,8 @@ Choices, and why:
   OpenAI-server extensions (see ``TOKEN_REQUEST_FIELDS``) and the ids and log-probs go on the last
   output item of the call (DESIGN §3). A reply without them is a 502, never a silently untrainable
   rollout. Token fields that agents send back on earlier output are stripped before the upstream
-  sees the history.
+  sees the history. An upstream that states the ``policy_version`` that generated a reply has it
+  carried to the output item (``generation_policy_version``).
 - **Streaming is refused** with a clear 400: rollouts need whole responses, and a half-forwarded
   stream could not be retried.
 """
@@ -178,6 +179,13 @@ def upstream_semantics(completion: dict[str, Any], chat: dict[str, Any]) -> dict
     return chat_convert.logprob_semantics("vllm", chat.get("temperature"), "raw")
 
 
+def upstream_policy_version(completion: dict[str, Any]) -> int | None:
+    """The policy version the upstream says generated the reply (polygym's generation server states
+    ``policy_version``; stock vLLM does not, and the trainer's collector stamps the rollout instead)."""
+    version = completion.get("policy_version")
+    return version if isinstance(version, int) and not isinstance(version, bool) and version >= 0 else None
+
+
 def _ids_from_logprob_tokens(content: list[dict[str, Any]]) -> list[int] | None:
     ids = []
     for entry in content:
@@ -300,7 +308,10 @@ class VLLMModel(ModelServer[Config]):
         if want_tokens:
             try:
                 chat_convert.attach_token_fields(
-                    response["output"], *token_fields(completion), upstream_semantics(completion, chat)
+                    response["output"],
+                    *token_fields(completion),
+                    upstream_semantics(completion, chat),
+                    upstream_policy_version(completion),
                 )
             except TokenCaptureError as exc:
                 raise HTTPError(
