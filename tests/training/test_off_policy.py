@@ -49,7 +49,7 @@ def test_raw_log_probs_at_another_temperature_are_refused() -> None:
     raw = SimpleNamespace(
         step=4, logprob_semantics=[{"source": "vllm", "temperature": 0.7, "processed": "raw"}]
     )
-    with pytest.raises(ValueError, match="raw logits taken at temperature 0.7"):
+    with pytest.raises(ValueError, match=r"raw logits taken at temperature 0\.7"):
         require_sampling_logprobs(raw)  # type: ignore[arg-type]
     at_one = SimpleNamespace(
         step=4, logprob_semantics=[{"source": "vllm", "temperature": 1.0, "processed": "raw"}]
