@@ -137,6 +137,18 @@ def apply_is_correction(
     step.off_policy.update(ratio_summary(raws, masks, cap))
 
 
+def describe(step: TokenStep) -> str:
+    """The step's lag and correction for a progress line (empty when on-policy and uncorrected)."""
+    values = step.off_policy
+    lag = values.get("staleness_max")
+    parts = [f"{int(lag)} step(s) stale"] if lag else []
+    if "is_ratio_mean" in values:
+        parts.append(f"IS ratio {values['is_ratio_mean']:.3f} ({values['is_truncated_share']:.0%} truncated)")
+    if values.get("refused"):
+        parts.append(f"{int(values['refused'])} refused as stale")
+    return "".join(f"; {part}" for part in parts)
+
+
 class OneStepAhead:
     """Hands a trainer step ``n`` while step ``n + 1`` is collected in the background."""
 
