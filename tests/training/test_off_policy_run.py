@@ -60,3 +60,22 @@ def test_options_that_cannot_be_honoured_exit_2(tmp_path: Path, flags: list[str]
     args = ["train", "run", str(_spec(tmp_path)), "-o", str(tmp_path / "run"), "--model", "tiny", *flags]
     result = CliRunner().invoke(gym, args)
     assert result.exit_code == 2 and message in result.output
+
+
+def test_the_gpu_recipe_uses_only_real_options_and_a_valid_spec() -> None:
+    """examples/train_grpo_vllm has not run on a GPU; at least its spec and flags must be right."""
+    import re
+
+    from polygym.cli.train import run as run_command
+    from tests.conftest import ROOT
+
+    folder = ROOT / "examples" / "train_grpo_vllm"
+    known = {opt for param in run_command.params for opt in param.opts}
+    for name in ("README.md", "run.sh"):
+        text = (folder / name).read_text()
+        command = text[text.index("gym train run examples/train_grpo_vllm/blend.yaml") :]
+        command = command.split("\n\n")[0]
+        flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", command))
+        assert flags and flags <= known, f"{name}: unknown gym train run options {sorted(flags - known)}"
+    result = CliRunner().invoke(gym, ["train", "plan", str(folder / "blend.yaml")])
+    assert result.exit_code == 0, result.output

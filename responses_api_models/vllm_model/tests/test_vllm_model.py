@@ -30,7 +30,12 @@ from polygym.protocol import TRAINING_TOKEN_FIELDS
 from polygym.servers.sessions import SESSION_COOKIE
 from polygym.stack.config import load_config
 from responses_api_models.scripted_model.app import ScriptedModel
-from responses_api_models.vllm_model.app import VLLMModel, context_overflow, token_fields
+from responses_api_models.vllm_model.app import (
+    VLLMModel,
+    context_overflow,
+    token_fields,
+    upstream_policy_version,
+)
 from responses_api_models.vllm_model.routing import UpstreamPool
 from tests.net.fake_upstream import Answer, FakeUpstream, cut_reply, gzip_bomb, reply
 
@@ -568,6 +573,18 @@ async def test_token_capture_per_request_and_fallbacks(servers: list[AppServer],
     error = reply.json()["error"]
     assert error["type"] == "upstream_token_ids_missing"
     assert "prompt_token_ids" in error["message"] and "choices[0].token_ids" in error["message"]
+
+
+def test_a_stated_policy_version_is_kept_and_a_bad_one_ignored() -> None:
+    from polygym.dialects.chat import POLICY_VERSION_FIELD, attach_token_fields, strip_token_fields
+
+    assert upstream_policy_version({"policy_version": 3}) == 3
+    for junk in (True, -1, "3", 2.5, None):
+        assert upstream_policy_version({"policy_version": junk}) is None
+    output: list[dict[str, Any]] = [{"type": "message"}]
+    attach_token_fields(output, [1], [2], [-0.1], None, upstream_policy_version({"policy_version": 3}))
+    assert output[0][POLICY_VERSION_FIELD] == 3
+    assert POLICY_VERSION_FIELD not in strip_token_fields(output)[0]  # never sent back upstream
 
 
 # --------------------------------------------------------------------------- context length
