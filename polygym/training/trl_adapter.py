@@ -299,14 +299,13 @@ class PolygymGRPO:
         return outputs
 
     def _collect(self, number: int, trainer: Any) -> TokenStep:
-        """Sync the weights for step ``number`` (version: the trainer's updates so far), then take the
+        """Sync the weights that train step ``number`` (policy version ``number``: step ``n`` is trained
+        by version ``n``, so a resumed or offset run keeps the blend's step numbers), then take the
         step: collected now, or (off-policy) the one collected in the background, starting the next."""
-        state = getattr(trainer, "state", None)
-        version = state.global_step if state is not None else number
         if self.ahead is not None:
             self.ahead.drain()  # never push weights under a collection in flight
         if self.weight_sync is not None:
-            self.weight_sync.sync(trainer, version)
+            self.weight_sync.sync(trainer, number)
         if self.ahead is None:
             return self.collector.step(number)
         step = self.ahead.take(number)

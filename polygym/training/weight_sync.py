@@ -2,7 +2,8 @@
 
 ``PolygymGRPO(weight_sync=...)`` calls ``sync(trainer, version)`` once before each step's rollouts
 are generated (before step ``n`` is collected in on-policy mode; before step ``n + 1`` is started
-in the one-step off-policy mode), with ``version`` the number of optimizer updates so far. Every
+in the one-step off-policy mode), with ``version`` = ``n``: the weights that train step ``n``
+(the optimizer updates so far, counted from the run's first step). Every
 hook publishes the version (``published``: the collector's fallback stamp, ``policy_version``),
 and a hook that owns a polygym generator sets its ``policy_version`` too, so each completion states
 the version that generated it.
@@ -14,9 +15,9 @@ the version that generated it.
   the vLLM arrangement on one machine (a policy that changes only when weights are pushed), so the
   off-policy mode can collect while the trainer updates the original.
 - ``TRLServerWeights``: TRL with ``use_vllm=True, vllm_mode="server"`` owns the transfer (NCCL,
-  ``trainer.vllm_generation.sync_weights()``); this hook makes sure it happened for ``version``
-  (TRL syncs by itself before each generation batch; the hook syncs when TRL has not) and publishes
-  the version, since stock vLLM states none.
+  ``trainer.vllm_generation.sync_weights()``); this hook makes sure it happened for the trainer's
+  current weights (TRL syncs by itself before each generation batch, marking the ``global_step`` it
+  loaded; the hook syncs when TRL has not) and publishes the version, since stock vLLM states none.
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ class TRLServerWeights:
         generation = getattr(trainer, "vllm_generation", None)
         if generation is None:
             raise RuntimeError("TRLServerWeights needs a GRPOTrainer with use_vllm=True, vllm_mode='server'")
-        if getattr(trainer, "_last_loaded_step", None) != version:
+        updates = trainer.state.global_step
+        if getattr(trainer, "_last_loaded_step", None) != updates:
             generation.sync_weights()
-            trainer._last_loaded_step = version  # TRL's own "already synced" mark: it skips its sync
+            trainer._last_loaded_step = updates  # TRL's own "already synced" mark: it skips its sync
             self.transfers += 1
         self.published.publish(version)
 

@@ -204,6 +204,16 @@ def test_weights_are_synced_once_before_each_step(policy: dict[str, Any]) -> Non
     assert policy["generator"].policy_version == 2
     assert (served - trained).abs().max().item() != 0  # step 2's update came after the last sync
 
+    # a run that starts at step 5 (a fresh trainer, global_step 0) keeps the blend's numbering
+    events.clear()
+    with _collector(policy, "offset.jsonl", bound) as collector:
+        offset = PolygymGRPO(collector, steps=1, start_step=5, weight_sync=hook)
+        args = offset.grpo_config(policy["tmp"] / "t4", learning_rate=1e-2)
+        offset.trainer(policy["model"], policy["tokenizer"], args, [digits]).train()
+    assert events == [("sync", 5)]
+    (step,) = offset.history
+    assert step.step == 5 and {r.staleness for r in step.rollouts} == {0} and step.total.stale == 0
+
 
 def test_off_policy_overlaps_collection_with_training_and_corrects_it(policy: dict[str, Any]) -> None:
     from transformers import TrainerCallback

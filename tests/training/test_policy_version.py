@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -95,16 +96,18 @@ class FakeGeneration:
 def test_trl_server_weights_sync_only_what_trl_did_not() -> None:
     trainer = type("Trainer", (), {})()
     trainer.vllm_generation = FakeGeneration()
-    trainer._last_loaded_step = 0  # TRL synced version 0 before calling rollout_func
+    trainer.state = SimpleNamespace(global_step=0)
+    trainer._last_loaded_step = 0  # TRL synced its weights of step 0 before calling rollout_func
     hook = TRLServerWeights()
     hook.sync(trainer, 0)
     assert trainer.vllm_generation.calls == 0 and hook.published.current == 0
-    hook.sync(trainer, 1)  # TRL did not sync version 1 (off-policy ordering): the hook does, once
+    trainer.state.global_step = 1  # one update later, TRL has not synced (off-policy ordering)
+    hook.sync(trainer, 1)
     hook.sync(trainer, 1)
     assert trainer.vllm_generation.calls == 1 and trainer._last_loaded_step == 1
     assert hook.published.current == 1 and hook.transfers == 1
     with pytest.raises(RuntimeError, match="use_vllm=True"):
-        hook.sync(object(), 2)
+        hook.sync(SimpleNamespace(state=trainer.state), 2)
     settings = trl_server_settings("http://10.0.0.5:8000/v1/", polygym_is_correction=True)
     assert settings == {
         "use_vllm": True,
