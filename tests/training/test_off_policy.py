@@ -263,6 +263,10 @@ def test_off_policy_overlaps_collection_with_training_and_corrects_it(policy: di
 
     first, second, third = grpo.history
     assert {r.policy_version for r in first.rollouts} == {0} and first.off_policy["staleness_max"] == 0
+    # step 0 is trained by the weights that generated it: the trainer's recomputed log-probs match
+    # the generator's recorded ones token for token (ratios 1), so the ratio's alignment is right
+    assert first.off_policy["is_ratio_min"] == pytest.approx(1.0, abs=1e-4)
+    assert first.off_policy["is_ratio_max"] == pytest.approx(1.0, abs=1e-4)
     assert {r.policy_version for r in second.rollouts} == {0} and second.off_policy["staleness_max"] == 1
     assert {r.policy_version for r in third.rollouts} == {1} and third.total.stale == 0
     for step in (second, third):  # the lag is corrected, and recorded per step
