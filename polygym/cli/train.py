@@ -255,6 +255,12 @@ def check_off_policy_options(
         fail("--is-cap needs --off-policy (on-policy rollouts need no correction)", EXIT_USAGE)
     if vllm_server is not None and not vllm_server.startswith(("http://", "https://")):
         fail(f"--vllm-server {vllm_server!r} must be an http:// or https:// URL", EXIT_USAGE)
+    if vllm_server is not None:
+        from polygym.training.policy_serving import vllm_trainer_problem
+
+        problem = vllm_trainer_problem()
+        if problem is not None:
+            fail(f"--vllm-server {problem}", EXIT_USAGE)
 
 
 @train.command("run")

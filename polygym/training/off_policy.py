@@ -127,12 +127,12 @@ def apply_is_correction(
 ) -> None:
     """Multiply each row's ``env_mask`` by its truncated ratios and record them in ``step.off_policy``."""
     require_sampling_logprobs(step)
-    masks = batch["env_mask"]
+    masks = list(batch["env_mask"])
     now = policy_logprobs(model, batch["prompt_ids"], batch["completion_ids"], temperature)
     raws = []
     for k, mask in enumerate(masks):
         applied, raw = truncated_is_ratios(now[k], batch["logprobs"][k], mask, cap)
-        masks[k] = [m * w for m, w in zip(mask, applied, strict=True)]
+        batch["env_mask"][k] = [m * w for m, w in zip(mask, applied, strict=True)]
         raws.append(raw)
     step.off_policy.update(ratio_summary(raws, masks, cap))
 

@@ -32,6 +32,20 @@ from polygym.training.weight_sync import (
 )
 
 
+def vllm_trainer_problem() -> str | None:
+    """Why this machine cannot train against a vLLM server (TRL's NCCL weight transfer needs vllm
+    installed next to the trainer and a CUDA device), or None."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("vllm") is None:
+        return "needs vllm installed with the trainer (pip install 'vllm>=0.22.0,<=0.31.0', TRL 1.16's range)"
+    if not torch.cuda.is_available():
+        return "needs a CUDA device for the trainer (TRL pushes the weights to vLLM over NCCL)"
+    return None
+
+
 @dataclass
 class PolicyServing:
     url: str
@@ -49,14 +63,12 @@ def serve_policy(
     model_name: str,
     off_policy: bool = False,
     vllm_server: str | None = None,
-    is_correction: bool = True,
 ) -> Iterator[PolicyServing]:
-    """Serve ``model`` as the module docstring says, for the duration of the block."""
+    """Serve ``model`` as the module docstring says, for the duration of the block (the off-policy
+    mode always corrects with its own importance ratios, so TRL's is turned off then)."""
     if vllm_server is not None:
         root = vllm_server.rstrip("/").removesuffix("/v1")
-        yield PolicyServing(
-            f"{root}/v1", TRLServerWeights(), None, trl_server_settings(root, off_policy and is_correction)
-        )
+        yield PolicyServing(f"{root}/v1", TRLServerWeights(), None, trl_server_settings(root, off_policy))
         return
     from polygym.training.generation_server import GenerationServerThread, HFGenerator
 

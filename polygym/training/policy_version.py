@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from polygym.dialects.chat import POLICY_VERSION_FIELD
@@ -104,8 +104,6 @@ class StalenessSummary:
     """Rollouts over the bound or of unknown version (masked under ``refuse``)."""
     unknown_version: int = 0
     refused: int = 0
-    versions: dict[str, int] = field(default_factory=dict)
-    """Rollouts per generating version (keys are strings: JSON)."""
 
     def values(self) -> dict[str, float]:
         out = {
@@ -143,8 +141,6 @@ def check_staleness(
             over = bound.max_staleness is not None
         else:
             rollout.staleness = trained_version - rollout.policy_version
-            key = str(rollout.policy_version)
-            summary.versions[key] = summary.versions.get(key, 0) + 1
             over = bound.max_staleness is not None and rollout.staleness > bound.max_staleness
         if not over:
             continue

@@ -31,9 +31,9 @@ How a step maps onto TRL:
 - **Rewards** come from the environments' verifiers: ``polygym_reward`` (the reward function to
   give TRL) returns them; TRL computes the group-relative advantages itself.
 - **Weights and versions** (``weight_sync``, ``policy_version``): a weight-sync hook runs once
-  before each step's rollouts are generated, with the number of updates so far as the policy
-  version; every rollout carries the version that generated it and the collector bounds how stale
-  a trained rollout may be (``max_staleness``).
+  before each step's rollouts are generated, with the step's number as the policy version (step
+  ``n`` is trained by version ``n``); every rollout carries the version that generated it and
+  the collector bounds how stale a trained rollout may be (``max_staleness``).
 - **One-step off-policy** (``off_policy=OffPolicy()``): step ``n + 1`` is collected while step ``n``
   trains, with a truncated importance-sampling correction of the lag folded into ``env_mask``
   (``off_policy``); it needs a hook whose generator changes only at sync (``SnapshotWeights``, or

@@ -135,12 +135,9 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         }
 
 
-def digits(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
-    """Reward shaping that varies for a random policy, so each step has a gradient."""
-    return [
-        sum(ch.isdigit() for ch in (c[0]["content"] if isinstance(c, list) else str(c))) / 5
-        for c in completions
-    ]
+def by_position(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+    """Rewards 0, 1, 2 within every group of 3: each step has a gradient, whatever was sampled."""
+    return [float(i % 3) for i in range(len(completions))]
 
 
 def _collector(policy: dict[str, Any], name: str, bound: Any) -> Any:
@@ -186,7 +183,7 @@ def test_weights_are_synced_once_before_each_step(policy: dict[str, Any]) -> Non
             policy["model"],
             policy["tokenizer"],
             grpo.grpo_config(policy["tmp"] / "t1", learning_rate=1e-2),
-            [digits],
+            [by_position],
         )
         trainer.train()
     assert events == [
@@ -209,7 +206,7 @@ def test_weights_are_synced_once_before_each_step(policy: dict[str, Any]) -> Non
     with _collector(policy, "offset.jsonl", bound) as collector:
         offset = PolygymGRPO(collector, steps=1, start_step=5, weight_sync=hook)
         args = offset.grpo_config(policy["tmp"] / "t4", learning_rate=1e-2)
-        offset.trainer(policy["model"], policy["tokenizer"], args, [digits]).train()
+        offset.trainer(policy["model"], policy["tokenizer"], args, [by_position]).train()
     assert events == [("sync", 5)]
     (step,) = offset.history
     assert step.step == 5 and {r.staleness for r in step.rollouts} == {0} and step.total.stale == 0
@@ -242,7 +239,9 @@ def test_off_policy_overlaps_collection_with_training_and_corrects_it(policy: di
             collector, steps=3, weight_sync=hook, off_policy=OffPolicy(is_cap=2.0, on_event=on_event)
         )
         args = grpo.grpo_config(policy["tmp"] / "t2", learning_rate=1e-2)
-        trainer = grpo.trainer(policy["model"], policy["tokenizer"], args, [digits], callbacks=[Updates()])
+        trainer = grpo.trainer(
+            policy["model"], policy["tokenizer"], args, [by_position], callbacks=[Updates()]
+        )
         trainer.train()
     generator.armed = False
     assert not generator.gate_timed_out, "step 1 was not collected while step 0 trained"
