@@ -20,6 +20,11 @@ temperature, raw or processed; ``TokenRollout.logprob_semantics``); a step whose
 is refused (``MixedLogprobSemanticsError``) unless ``allow_mixed_logprob_semantics``, and each step
 line lists the semantics it saw.
 
+Policy versions: each rollout is stamped with the version of the weights that generated it and
+checked against the collector's ``staleness`` bound (``policy_version``: refused = masked, or only
+reported); ``TokenStep.off_policy`` records the step's versions. ``submit(n)`` collects a step in
+the background, for the one-step off-policy mode (``off_policy``).
+
 Every rollout is also written to disk as by ``gym eval run --blend`` (``X.jsonl``, ``X_steps.jsonl``
 ... next to ``output``), so a training step can be inspected or replayed later.
 

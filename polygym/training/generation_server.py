@@ -11,7 +11,9 @@ copying or syncing. It speaks exactly the dialect ``vllm_model`` expects of an u
 - ``choices[0].token_ids``: the generated ids, the stop token included when one ended the turn;
 - ``choices[0].logprobs.content[i].logprob``: the log-prob of each generated id under the
   distribution it was *sampled* from (after temperature and top-p), entries' ``token`` written
-  as ``"token_id:<id>"``.
+  as ``"token_id:<id>"``;
+- ``policy_version`` on the completion, when a weight-sync hook set ``HFGenerator.policy_version``
+  (``weight_sync``): the version of the weights that generated it, for staleness checks.
 
 so the whole polygym stack — agents, environments, verifiers, ``vllm_model`` and the token-level
 collector — runs unchanged on top of it. It is also a small reference for what a remote trainer's
