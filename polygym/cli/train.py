@@ -37,6 +37,8 @@ from polygym.net.client import ServerCallError
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError, StackConfig
 from polygym.stack.session import StackSession, StackTarget
+from polygym.training.off_policy import DEFAULT_IS_CAP
+from polygym.training.policy_version import ON_STALE, OnStale
 from polygym.training.trl_adapter import GRADIENT_SHARES, GradientShare
 
 
@@ -241,6 +243,26 @@ def parse_max_regressions(values: tuple[str, ...]) -> dict[str, float]:
     return limits
 
 
+def check_off_policy_options(
+    off_policy: bool, max_staleness: int | None, is_cap: float | None, vllm_server: str | None
+) -> None:
+    """Exit 2 naming an option the off-policy and vLLM settings cannot honour together."""
+    if off_policy and max_staleness == 0:
+        fail(
+            "--max-staleness 0 refuses every rollout --off-policy trains (they are 1 step stale)", EXIT_USAGE
+        )
+    if is_cap is not None and not off_policy:
+        fail("--is-cap needs --off-policy (on-policy rollouts need no correction)", EXIT_USAGE)
+    if vllm_server is not None and not vllm_server.startswith(("http://", "https://")):
+        fail(f"--vllm-server {vllm_server!r} must be an http:// or https:// URL", EXIT_USAGE)
+    if vllm_server is not None:
+        from polygym.training.policy_serving import vllm_trainer_problem
+
+        problem = vllm_trainer_problem()
+        if problem is not None:
+            fail(f"--vllm-server {problem}", EXIT_USAGE)
+
+
 @train.command("run")
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
@@ -320,6 +342,43 @@ def parse_max_regressions(values: tuple[str, ...]) -> dict[str, float]:
     show_default=True,
     help="stop: also end training after the step whose masked share passed --max-masked-share.",
 )
+@click.option(
+    "--max-staleness",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The most optimizer steps a trained rollout may lag the policy that trains on it (every "
+    "rollout is stamped with the policy version that generated it). Default: no bound, 1 with "
+    "--off-policy. train_log.jsonl records each step's versions and staleness.",
+)
+@click.option(
+    "--on-stale",
+    type=click.Choice(ON_STALE),
+    default="refuse",
+    show_default=True,
+    help="refuse: mask rollouts staler than --max-staleness (no gradient; reward still reported); "
+    "report: train on them and count them.",
+)
+@click.option(
+    "--off-policy",
+    is_flag=True,
+    help="One-step off-policy: collect step N+1 while step N trains (the generator serves a copy of "
+    "the weights, synced before each step), with a truncated importance-sampling correction from the "
+    "recorded generation log-probs; each step's IS ratios go to train_log.jsonl.",
+)
+@click.option(
+    "--is-cap",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help=f"Truncation of the --off-policy importance ratio (default {DEFAULT_IS_CAP}).",
+)
+@click.option(
+    "--vllm-server",
+    default=None,
+    metavar="URL",
+    help="Generate with a vLLM server (http://host:8000) fed the trainer's weights by TRL's server mode "
+    "(use_vllm=True) before each step, instead of the in-process generation server. Needs a CUDA "
+    "trainer and vllm installed; recipe in examples/train_grpo_vllm/.",
+)
 def run(
     spec_path: Path,
     overrides: tuple[str, ...],
@@ -343,6 +402,11 @@ def run(
     on_regression: str,
     max_masked_share: float | None,
     on_masked: str,
+    max_staleness: int | None,
+    on_stale: OnStale,
+    off_policy: bool,
+    is_cap: float | None,
+    vllm_server: str | None,
 ) -> None:
     """Train a policy with GRPO (TRL) on the blend SPEC, on this machine, and compare validation.
 
@@ -362,6 +426,7 @@ def run(
     from polygym.training.models import ModelLoadError
     from polygym.training.run import RunSettings, train_run
 
+    check_off_policy_options(off_policy, max_staleness, is_cap, vllm_server)
     settings = RunSettings(
         spec_path=spec_path,
         output_dir=output,
@@ -385,6 +450,11 @@ def run(
         on_regression=on_regression,
         max_masked_share=max_masked_share,
         on_masked=on_masked,
+        max_staleness=max_staleness,
+        on_stale=on_stale,
+        off_policy=off_policy,
+        is_cap=DEFAULT_IS_CAP if is_cap is None else is_cap,
+        vllm_server=vllm_server,
     )
     out = console()
     try:

@@ -336,13 +336,21 @@ LOGPROB_SEMANTICS_FIELD = "generation_logprob_semantics"
 scripted), ``temperature`` and ``processed`` (``raw``: log-softmax of the model's logits;
 ``sampling_distribution``: after temperature/top-p/top-k, the distribution actually sampled)."""
 
+POLICY_VERSION_FIELD = "generation_policy_version"
+"""The policy version (optimizer updates applied to the weights) that generated the call, when the
+upstream states it (``policy_version`` on its completion; ``polygym.training.policy_version``)."""
 
 PROMPT_CONTINUATION_FIELD = "prompt_continuation"
 """Whether the call's prompt extended the previous call's exact token ids (``{"exact": true}``) or
 was rendered anew from the history's text (``{"exact": false, "reason": ...}``); absent on a first
 turn (``polygym.training.continuation``)."""
 
-_CALL_TOKEN_FIELDS = (*TRAINING_TOKEN_FIELDS, LOGPROB_SEMANTICS_FIELD, PROMPT_CONTINUATION_FIELD)
+_CALL_TOKEN_FIELDS = (
+    *TRAINING_TOKEN_FIELDS,
+    LOGPROB_SEMANTICS_FIELD,
+    PROMPT_CONTINUATION_FIELD,
+    POLICY_VERSION_FIELD,
+)
 
 
 def strip_token_fields(items: Any) -> Any:
@@ -373,10 +381,12 @@ def attach_token_fields(
     generation_log_probs: list[float],
     semantics: dict[str, Any] | None = None,
     continuation: dict[str, Any] | None = None,
+    policy_version: int | None = None,
 ) -> None:
     """Put one model call's training token fields on its last output item (DESIGN §3), with
-    ``semantics`` (``logprob_semantics``) when the server knows how its log-probs were taken and
-    ``continuation`` (``PROMPT_CONTINUATION_FIELD``) when the prompt continued earlier ids."""
+    ``semantics`` (``logprob_semantics``) when the server knows how its log-probs were taken,
+    ``continuation`` (``PROMPT_CONTINUATION_FIELD``) when the prompt continued earlier ids, and the
+    ``policy_version`` that generated it when the upstream stated one."""
     if not output:
         raise ValueError("a model call with token ids must have at least one output item")
     output[-1]["prompt_token_ids"] = list(prompt_token_ids)
@@ -386,6 +396,8 @@ def attach_token_fields(
         output[-1][LOGPROB_SEMANTICS_FIELD] = dict(semantics)
     if continuation is not None:
         output[-1][PROMPT_CONTINUATION_FIELD] = dict(continuation)
+    if policy_version is not None:
+        output[-1][POLICY_VERSION_FIELD] = policy_version
 
 
 # ------------------------------------------------------------------------------------------- tools

@@ -20,6 +20,11 @@ temperature, raw or processed; ``TokenRollout.logprob_semantics``); a step whose
 is refused (``MixedLogprobSemanticsError``) unless ``allow_mixed_logprob_semantics``, and each step
 line lists the semantics it saw.
 
+Policy versions: each rollout is stamped with the version of the weights that generated it and
+checked against the collector's ``staleness`` bound (``policy_version``: refused = masked, or only
+reported); ``TokenStep.off_policy`` records the step's versions. ``submit(n)`` collects a step in
+the background, for the one-step off-policy mode (``off_policy``).
+
 Every rollout is also written to disk as by ``gym eval run --blend`` (``X.jsonl``, ``X_steps.jsonl``
 ... next to ``output``), so a training step can be inspected or replayed later.
 
@@ -34,6 +39,7 @@ trained tokens (``trained_token_share``) and of its loss weight (``gradient_shar
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import statistics
@@ -53,6 +59,7 @@ from polygym.row import ALL_ENVS, ENV_FIELD
 from polygym.stack.config import StackConfig
 from polygym.stack.session import StackSession, StackTarget
 from polygym.training.advantages import zero_variance_groups
+from polygym.training.policy_version import StalenessBound, check_staleness
 from polygym.training.tokens import TokenRollout, assemble
 
 T = TypeVar("T")
@@ -100,6 +107,10 @@ class EnvTokenStats(EnvStepReport):
     gradient_share: float | None = None
     """Share of the step's loss weight: ``generated_tokens x loss_weight`` over the step's total
     (equal to ``trained_token_share`` when every weight is 1)."""
+    stale: int = 0
+    """Rollouts over the collector's ``max_staleness`` (``policy_version``): masked when refused."""
+    staleness_max: int | None = None
+    """Most steps any rollout lagged the policy that trains on it (None: no version known)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,6 +150,8 @@ def env_token_stats(report: EnvStepReport, rollouts: list[TokenRollout]) -> EnvT
         masked_share=sum(r.masked for r in rollouts) / len(rollouts) if rollouts else None,
         retemplated_turns=sum(r.retemplated_turns for r in rollouts),
         reward_components={k: statistics.fmean(v) for k, v in components.items()},
+        stale=sum(r.stale for r in rollouts),
+        staleness_max=max((r.staleness for r in rollouts if r.staleness is not None), default=None),
     )
 
 
@@ -152,6 +165,9 @@ class TokenStep:
     stats: dict[str, EnvTokenStats]
     """Per environment, in spec order, then ``_all``."""
     report: StepReport
+    off_policy: dict[str, float] = field(default_factory=dict)
+    """Policy versions of the step (``policy_version.StalenessSummary``) and, when the trainer
+    corrects for them, its importance-sampling ratios (``off_policy``)."""
 
     @property
     def total(self) -> EnvTokenStats:
@@ -176,6 +192,7 @@ class TokenStep:
         for env, stats in self.stats.items():
             name = "all" if env == ALL_ENVS else env
             out.update({f"{prefix}/{name}/{k}": v for k, v in stats.log_values().items()})
+        out.update({f"{prefix}/off_policy/{k}": v for k, v in self.off_policy.items()})
         return out
 
     def check_masked_share(self, bound: float) -> list[str]:
@@ -210,6 +227,7 @@ class TokenStep:
             "elapsed_s": round(self.report.elapsed_s, 4),
             "timed_out": self.report.timed_out,
             "logprob_semantics": self.logprob_semantics,
+            "off_policy": self.off_policy,
         }
         return [{**stats.to_dict(), **extra} for stats in self.stats.values()]
 
@@ -229,10 +247,16 @@ def distinct_semantics(rollouts: list[TokenRollout]) -> list[dict[str, Any]]:
 
 
 def token_step(
-    report: StepReport, input_keys: dict[str, set[str]] | None = None, allow_mixed_semantics: bool = False
+    report: StepReport,
+    input_keys: dict[str, set[str]] | None = None,
+    allow_mixed_semantics: bool = False,
+    staleness: StalenessBound | None = None,
+    window: tuple[int | None, int | None] = (None, None),
 ) -> TokenStep:
     """Assemble a step report's rollouts and compute its per-environment token stats.
 
+    Each rollout is stamped with the policy version that generated it and checked against
+    ``staleness`` (``policy_version.check_staleness``; step ``n`` is trained by version ``n``).
     Raises ``MixedLogprobSemanticsError`` when rollouts state different log-prob semantics,
     unless ``allow_mixed_semantics`` (then ``TokenStep.logprob_semantics`` lists them)."""
     input_keys = input_keys or {}
@@ -240,6 +264,7 @@ def token_step(
         assemble(r, env=r.get(ENV_FIELD), input_keys=input_keys.get(str(r.get(ENV_FIELD)), ()))
         for r in report.rollouts
     ]
+    versions = check_staleness(rollouts, report.rollouts, report.step, staleness or StalenessBound(), window)
     rollouts.sort(key=lambda r: (r.group_id, r.rollout_index))
     kinds = distinct_semantics(rollouts)
     if len(kinds) > 1 and not allow_mixed_semantics:
@@ -252,7 +277,7 @@ def token_step(
         for env, env_report in report.envs.items()
     }
     stats[ALL_ENVS] = env_token_stats(report.total, rollouts)
-    step = TokenStep(report.step, rollouts, stats, report)
+    step = TokenStep(report.step, rollouts, stats, report, versions.values())
     step.set_loss_weights({})
     return step
 
@@ -268,21 +293,27 @@ async def stream_token_steps(
     settings: StepSettings,
     overwrite: bool = False,
     allow_mixed_semantics: bool = False,
+    staleness: StalenessBound | None = None,
 ) -> AsyncGenerator[TokenStep, None]:
     """Collect steps ``start_step, start_step + 1, ...`` (``settings.steps`` of them, or fewer when
     the caller stops iterating) with token capture on; yields each finished step as a ``TokenStep``.
 
     ``start_step > 0`` continues a run in ``output`` (earlier steps kept, later ones dropped);
-    ``start_step == 0`` needs ``overwrite`` when ``output`` already holds a run.
+    ``start_step == 0`` needs ``overwrite`` when ``output`` already holds a run. ``staleness``
+    stamps and bounds each step's rollouts (its ``published`` version read around each step).
     """
     settings = replace(settings, sampling={**settings.sampling, **TOKEN_SAMPLING})
     files = StepFiles(output)
     prepare_step_files(files, blend.sampler(), settings, overwrite)
     keys = _input_keys(blend)
     reports = _stream_steps(client, blend, files, settings)
+    published = staleness.published if staleness is not None else None
+    began = published.current if published is not None else None
     async with contextlib.aclosing(reports) as stream:
         async for report in stream:
-            yield token_step(report, keys, allow_mixed_semantics)
+            ended = published.current if published is not None else None
+            yield token_step(report, keys, allow_mixed_semantics, staleness, (began, ended))
+            began = published.current if published is not None else None
 
 
 class TokenCollector:
@@ -306,6 +337,7 @@ class TokenCollector:
         backend: str = "inline",
         allow_mixed_logprob_semantics: bool = False,
         max_masked_share: float | None = None,
+        staleness: StalenessBound | None = None,
     ) -> None:
         self.blend = spec if isinstance(spec, Blend) else load_blend(spec)
         self.output = Path(output)
@@ -317,6 +349,7 @@ class TokenCollector:
         self.allow_mixed_logprob_semantics = allow_mixed_logprob_semantics
         self.max_masked_share = max_masked_share
         """Each step checks it (``TokenStep.check_masked_share``); the caller decides to stop."""
+        self.staleness = staleness or StalenessBound()
         self.client: ServerClient | None = None
         self._session: StackSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -385,6 +418,12 @@ class TokenCollector:
         """Collect step ``number`` (default: the one after the last collected) and return it."""
         return self.run(self._step(self._next if number is None else number))
 
+    def submit(self, number: int) -> concurrent.futures.Future[TokenStep]:
+        """Start collecting step ``number`` in the background (``off_policy``); one at a time."""
+        if self._loop is None:
+            raise RuntimeError("the collector is not started")
+        return asyncio.run_coroutine_threadsafe(self._step(number), self._loop)
+
     async def _step(self, number: int) -> TokenStep:
         if number < 0:
             raise ValueError("step numbers start at 0")
@@ -401,6 +440,7 @@ class TokenCollector:
                 settings,
                 self.overwrite,
                 self.allow_mixed_logprob_semantics,
+                self.staleness,
             )
             self.overwrite = True  # this collector's own files from here on
         result = await anext(self._stream)

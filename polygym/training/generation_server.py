@@ -11,7 +11,9 @@ copying or syncing. It speaks exactly the dialect ``vllm_model`` expects of an u
 - ``choices[0].token_ids``: the generated ids, the stop token included when one ended the turn;
 - ``choices[0].logprobs.content[i].logprob``: the log-prob of each generated id under the
   distribution it was *sampled* from (after temperature and top-p), entries' ``token`` written
-  as ``"token_id:<id>"``.
+  as ``"token_id:<id>"``;
+- ``policy_version`` on the completion, when a weight-sync hook set ``HFGenerator.policy_version``
+  (``weight_sync``): the version of the weights that generated it, for staleness checks.
 
 and it implements the ``required_prefix_token_ids`` extension (NeMo Gym 0.7's name): a request
 carrying the previous turn's prompt + generation ids gets exactly those ids as its prompt's start,
@@ -99,6 +101,8 @@ class GenerationResult:
     logprobs: list[float]
     finish_reason: str
     """``stop`` (a stop token ended it) or ``length`` (``max_tokens`` reached)."""
+    policy_version: int | None = None
+    """``HFGenerator.policy_version`` while the batch was generated (read under the lock)."""
 
 
 @dataclass
@@ -139,6 +143,9 @@ class HFGenerator:
         self.stats = GeneratorStats()
         self.lock = threading.Lock()
         """Held while generating; a trainer that updates weights concurrently can take it too."""
+        self.policy_version: int | None = None
+        """The version of the weights being served (set by a ``weight_sync`` hook under ``lock``),
+        stated on every completion with token ids as ``policy_version``; None: not tracked."""
         self._queue: asyncio.Queue[GenerationRequest] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polygym-generate")
@@ -212,6 +219,7 @@ class HFGenerator:
         }
         began = time.perf_counter()
         with self.lock, torch.no_grad():
+            version = self.policy_version
             training = self.model.training
             self.model.eval()
             try:
@@ -235,7 +243,7 @@ class HFGenerator:
             finish = "stop" if end is not None else "length"
             tokens = tokens[: end + 1] if end is not None else tokens
             chosen = [float(x) for x in logprobs[row, : len(tokens)]]
-            results.append(GenerationResult(tokens, chosen, finish))
+            results.append(GenerationResult(tokens, chosen, finish, version))
         self.stats.batches += 1
         self.stats.sequences += len(requests)
         self.stats.generated_tokens += sum(len(r.token_ids) for r in results)
@@ -352,6 +360,8 @@ class HFGenerator:
             completion["prompt_token_ids"] = prompt
             choice["token_ids"] = result.token_ids
             completion["logprob_semantics"] = request.semantics()
+            if result.policy_version is not None:
+                completion["policy_version"] = result.policy_version
         if continuation is not None:
             completion[PROMPT_CONTINUATION_FIELD] = continuation.stamp()
         if body.get("logprobs"):

@@ -55,6 +55,8 @@ from polygym.row import ALL_ENVS, Job, make_job, reward
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
 from polygym.training.collector import TokenCollector, TokenStep
+from polygym.training.off_policy import DEFAULT_IS_CAP, OffPolicy, describe
+from polygym.training.policy_version import OnStale, StalenessBound
 from polygym.training.trl_adapter import GradientShare
 
 POLICY_NAME = "policy"
@@ -96,6 +98,18 @@ class RunSettings:
     gradient_share: GradientShare = "tokens"
     """"tokens": each trained token weighs 1 (an environment's gradient share follows its token
     count); "plan": each environment's gradient share is its planned share (``trl_adapter``)."""
+    max_staleness: int | None = None
+    """The most steps a trained rollout may lag the policy (``policy_version``); None: no bound
+    (with ``off_policy``: 1)."""
+    on_stale: OnStale = "refuse"
+    """"refuse": mask rollouts over ``max_staleness`` (reward still reported); "report": train on them."""
+    off_policy: bool = False
+    """Collect step N+1 while step N trains, corrected by truncated importance sampling (``off_policy``)."""
+    is_cap: float = DEFAULT_IS_CAP
+    """Truncation of the off-policy importance ratio."""
+    vllm_server: str | None = None
+    """A vLLM server (``http://host:8000``) serving the policy, fed the trainer's weights by TRL's
+    server mode (``use_vllm=True``); None: the in-process generation server."""
     trainer_overrides: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -197,8 +211,8 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     """Run everything the module docstring lists; ``echo`` receives progress lines."""
     import torch
 
-    from polygym.training.generation_server import GenerationServerThread, HFGenerator
     from polygym.training.models import load_policy, train_top_layers
+    from polygym.training.policy_serving import serve_policy
     from polygym.training.trl_adapter import PolygymGRPO
 
     began = time.perf_counter()
@@ -288,15 +302,18 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         )
         echo(
             f"step {step.step}: reward {'; '.join(parts)}; trained tokens {tokens}; "
-            f"{step.report.elapsed_s:.1f}s collect" + (f"; {masked} masked" if masked else "")
+            f"{step.report.elapsed_s:.1f}s collect"
+            + (f"; {masked} masked" if masked else "")
+            + describe(step)
         )
 
     sampling: dict[str, Any] = {"temperature": settings.temperature}
     if settings.max_output_tokens is not None:
         sampling["max_output_tokens"] = settings.max_output_tokens
-    generator = HFGenerator(model, tokenizer)
-    with GenerationServerThread(generator, POLICY_NAME) as server:
-        config = stack_config(spec, server.url, settings.configs, settings.overrides)
+    bound = settings.max_staleness if settings.max_staleness is not None or not settings.off_policy else 1
+    with serve_policy(model, tokenizer, POLICY_NAME, settings.off_policy, settings.vllm_server) as served:
+        generator = served.generator
+        config = stack_config(spec, served.url, settings.configs, settings.overrides)
         collector = TokenCollector(
             blend,
             out / "rollouts" / "train.jsonl",
@@ -306,6 +323,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             step_timeout_s=settings.step_timeout_s,
             overwrite=True,
             max_masked_share=settings.max_masked_share,
+            staleness=StalenessBound(bound, settings.on_stale, served.weight_sync.published),
         )
         with collector:
             t = time.perf_counter()
@@ -326,6 +344,8 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
                 settings.steps,
                 on_step=on_step,
                 gradient_share=settings.gradient_share,
+                weight_sync=served.weight_sync,
+                off_policy=OffPolicy(settings.is_cap) if settings.off_policy else None,
             )
             trainer_settings = {
                 "learning_rate": settings.learning_rate,
@@ -334,6 +354,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
                 "weight_decay": 0.0,
                 "max_grad_norm": 1.0,
                 **({"seed": settings.seed} if settings.seed is not None else {}),
+                **served.trainer_settings,
                 **settings.trainer_overrides,
             }
             args = grpo.grpo_config(out / "trainer", **trainer_settings)
@@ -379,7 +400,11 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             "sequences": generator.stats.sequences,
             "generated_tokens": generator.stats.generated_tokens,
             "seconds": round(generator.stats.seconds, 1),
-        },
+        }
+        if generator is not None
+        else {"vllm_server": settings.vllm_server},
+        "staleness_bound": {"max_staleness": bound, "on_stale": settings.on_stale},
+        "stale_rollouts": sum(s.total.stale for s in steps),
         "masked_rollouts": sum(s.total.masked for s in steps),
         "non_contiguous_rollouts": sum(s.total.non_contiguous for s in steps),
         "masked_share": masked_shares(steps),

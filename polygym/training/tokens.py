@@ -102,6 +102,13 @@ class TokenRollout:
     logprob_semantics: dict[str, Any] | None = None
     """How the rollout's log-probs were taken (source, temperature, processing), as its model
     server stamped them; None when the server did not say."""
+    policy_version: int | None = None
+    """The version of the weights that generated it (oldest call), set by the collector
+    (``policy_version.check_staleness``); None: unknown."""
+    staleness: int | None = None
+    """Steps between the generating version and the version that trains on it."""
+    stale: bool = False
+    """Over the collector's ``max_staleness`` (or of unknown version under a bound)."""
 
     @property
     def generated_tokens(self) -> int:

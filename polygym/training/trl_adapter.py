@@ -30,6 +30,14 @@ How a step maps onto TRL:
   luspo): "grpo"/"sapo" average each sequence first, which cancels a per-sequence weight.
 - **Rewards** come from the environments' verifiers: ``polygym_reward`` (the reward function to
   give TRL) returns them; TRL computes the group-relative advantages itself.
+- **Weights and versions** (``weight_sync``, ``policy_version``): a weight-sync hook runs once
+  before each step's rollouts are generated, with the step's number as the policy version (step
+  ``n`` is trained by version ``n``); every rollout carries the version that generated it and
+  the collector bounds how stale a trained rollout may be (``max_staleness``).
+- **One-step off-policy** (``off_policy=OffPolicy()``): step ``n + 1`` is collected while step ``n``
+  trains, with a truncated importance-sampling correction of the lag folded into ``env_mask``
+  (``off_policy``); it needs a hook whose generator changes only at sync (``SnapshotWeights``, or
+  TRL's vLLM server mode with ``TRLServerWeights``).
 - **Metrics**: every step's per-environment stats (``polygym/<env>/reward_mean``, ``.../realized_share``,
   ``.../zero_variance_share``, ``.../masked`` ...) go into the trainer's logs next to TRL's own, and
   ``on_step`` receives the full ``TokenStep`` (``gym train run`` writes it to JSONL).
@@ -49,7 +57,9 @@ from typing import Any, Literal
 from polygym.protocol import input_items, item_text
 from polygym.training.advantages import plan_token_weights
 from polygym.training.collector import TokenCollector, TokenStep
+from polygym.training.off_policy import OffPolicy, OneStepAhead, apply_is_correction, drain_callback
 from polygym.training.tokens import TokenRollout
+from polygym.training.weight_sync import WeightSync
 
 REWARD_FIELD = "polygym_reward"
 ENV_COLUMN = "polygym_env"
@@ -91,11 +101,26 @@ class PolygymGRPO:
         on_step: Callable[[TokenStep], None] | None = None,
         metrics_prefix: str = "polygym",
         gradient_share: GradientShare = "tokens",
+        weight_sync: WeightSync | None = None,
+        off_policy: OffPolicy | None = None,
     ) -> None:
         if gradient_share not in GRADIENT_SHARES:
             raise ValueError(
                 f"gradient_share must be one of {', '.join(GRADIENT_SHARES)}, not {gradient_share!r}"
             )
+        bound = collector.staleness.max_staleness
+        if off_policy is not None and (weight_sync is None or not weight_sync.isolated):
+            raise ValueError(
+                "the off-policy mode needs a weight_sync whose generator changes only at sync "
+                "(SnapshotWeights or TRLServerWeights): the shared model changes under the collection"
+            )
+        if off_policy is not None and bound is not None and bound < 1:
+            raise ValueError(
+                f"the off-policy mode trains 1-step-stale rollouts: max_staleness {bound} refuses them"
+            )
+        self.weight_sync = weight_sync
+        self.off_policy = off_policy
+        self.ahead = OneStepAhead(collector, off_policy.on_event) if off_policy is not None else None
         self.collector = collector
         self.gradient_share = gradient_share
         self.steps = steps
@@ -190,6 +215,8 @@ class PolygymGRPO:
 
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         self._check_args(args)
+        if self.ahead is not None:
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), drain_callback(self.ahead)]
         return GRPOTrainer(
             model=model,
             reward_funcs=[polygym_reward, *(extra_reward_funcs or [])],
@@ -230,6 +257,16 @@ class PolygymGRPO:
                 f"gradient_share='plan' needs a token-summed loss_type (dapo, bnpo, dr_grpo, cispo, luspo), "
                 f"not {args.loss_type!r}: it averages each sequence, cancelling the weights"
             )
+        if (
+            self.off_policy is not None
+            and self.off_policy.is_cap is not None
+            and getattr(args, "use_vllm", False)
+            and getattr(args, "vllm_importance_sampling_correction", False)
+        ):
+            problems.append(
+                "vllm_importance_sampling_correction must be False with the off-policy mode's own "
+                "correction (the same ratio would be applied twice; weight_sync.trl_server_settings)"
+            )
         if getattr(args, "num_iterations", 1) != 1:
             problems.append("num_iterations must be 1 (each generation batch is a fresh polygym step)")
         if problems:
@@ -245,12 +282,14 @@ class PolygymGRPO:
                 f"TRL asked for {len(prompts)} prompts that are not step {number} of the blend "
                 f"({len(expected)} prompts); build the trainer with PolygymGRPO.trainer and grpo_config"
             )
-        step = self.collector.step(number)
+        step = self._collect(number, trainer)
         self.next_step = number + 1
         self.history.append(step)
         self.weigh(step)
         pad = trainer.processing_class.pad_token_id if hasattr(trainer, "processing_class") else 0
         outputs = self.batch(step, pad_id=pad if pad is not None else 0)
+        if self.off_policy is not None and self.off_policy.is_cap is not None:
+            apply_is_correction(outputs, step, trainer.model, self.temperature, self.off_policy.is_cap)
         metrics = getattr(trainer, "_metrics", None)
         if isinstance(metrics, dict) and "train" in metrics:
             for key, value in step.metrics(self.metrics_prefix).items():
@@ -258,6 +297,21 @@ class PolygymGRPO:
         if self.on_step is not None:
             self.on_step(step)
         return outputs
+
+    def _collect(self, number: int, trainer: Any) -> TokenStep:
+        """Sync the weights that train step ``number`` (policy version ``number``: step ``n`` is trained
+        by version ``n``, so a resumed or offset run keeps the blend's step numbers), then take the
+        step: collected now, or (off-policy) the one collected in the background, starting the next."""
+        if self.ahead is not None:
+            self.ahead.drain()  # never push weights under a collection in flight
+        if self.weight_sync is not None:
+            self.weight_sync.sync(trainer, number)
+        if self.ahead is None:
+            return self.collector.step(number)
+        step = self.ahead.take(number)
+        if number + 1 < self.start_step + self.steps:
+            self.ahead.prefetch(number + 1)
+        return step
 
     def _expected_prompts(self, number: int) -> list[list[dict[str, str]]]:
         step = self.sampler.step(number)

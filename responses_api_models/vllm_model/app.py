@@ -30,7 +30,9 @@ Choices, and why:
   rollout. Token fields that agents send back on earlier output are stripped before the upstream
   sees the history; with ``supply_prefix_token_ids`` the last call's ids go instead as
   ``required_prefix_token_ids`` (token-in/token-out multi-turn, ``polygym.training.continuation``),
-  and each call's last item says whether its prompt extended them (``prompt_continuation``).
+  and each call's last item says whether its prompt extended them (``prompt_continuation``). An
+  upstream that states the ``policy_version`` that generated a reply has it carried to the output
+  item (``generation_policy_version``).
 - **Streaming is refused** with a clear 400: rollouts need whole responses, and a half-forwarded
   stream could not be retried.
 """
@@ -212,6 +214,13 @@ def upstream_semantics(completion: dict[str, Any], chat: dict[str, Any]) -> dict
     return chat_convert.logprob_semantics("vllm", chat.get("temperature"), "raw")
 
 
+def upstream_policy_version(completion: dict[str, Any]) -> int | None:
+    """The policy version the upstream says generated the reply (polygym's generation server states
+    ``policy_version``; stock vLLM does not, and the trainer's collector stamps the rollout instead)."""
+    version = completion.get("policy_version")
+    return version if isinstance(version, int) and not isinstance(version, bool) and version >= 0 else None
+
+
 def _ids_from_logprob_tokens(content: list[dict[str, Any]]) -> list[int] | None:
     ids = []
     for entry in content:
@@ -345,6 +354,7 @@ class VLLMModel(ModelServer[Config]):
                     *fields,
                     upstream_semantics(completion, chat),
                     continuation_stamp(completion, fields[0], prefix, no_prefix, url),
+                    upstream_policy_version(completion),
                 )
             except TokenCaptureError as exc:
                 raise HTTPError(

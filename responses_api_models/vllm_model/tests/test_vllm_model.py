@@ -30,7 +30,12 @@ from polygym.protocol import TRAINING_TOKEN_FIELDS
 from polygym.servers.sessions import SESSION_COOKIE
 from polygym.stack.config import load_config
 from responses_api_models.scripted_model.app import ScriptedModel
-from responses_api_models.vllm_model.app import VLLMModel, context_overflow, token_fields
+from responses_api_models.vllm_model.app import (
+    VLLMModel,
+    context_overflow,
+    token_fields,
+    upstream_policy_version,
+)
 from responses_api_models.vllm_model.routing import UpstreamPool
 from tests.net.fake_upstream import Answer, FakeUpstream, cut_reply, gzip_bomb, reply
 
@@ -623,6 +628,20 @@ async def test_prefix_token_ids_supplied_from_the_history(
     assert reply_raw.status == 502
     assert reply_raw.json()["error"]["type"] == "upstream_prefix_ignored"
     assert "supply_prefix_token_ids: false" in reply_raw.json()["error"]["message"]
+
+
+def test_a_stated_policy_version_is_kept_and_a_bad_one_ignored() -> None:
+    from polygym.dialects.chat import POLICY_VERSION_FIELD, attach_token_fields, strip_token_fields
+
+    assert upstream_policy_version({"policy_version": 3}) == 3
+    for junk in (True, -1, "3", 2.5, None):
+        assert upstream_policy_version({"policy_version": junk}) is None
+    output: list[dict[str, Any]] = [{"type": "message"}]
+    attach_token_fields(
+        output, [1], [2], [-0.1], None, policy_version=upstream_policy_version({"policy_version": 3})
+    )
+    assert output[0][POLICY_VERSION_FIELD] == 3
+    assert POLICY_VERSION_FIELD not in strip_token_fields(output)[0]  # never sent back upstream
 
 
 # --------------------------------------------------------------------------- context length
