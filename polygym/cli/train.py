@@ -241,6 +241,19 @@ def parse_max_regressions(values: tuple[str, ...]) -> dict[str, float]:
     return limits
 
 
+def check_report_to(backends: tuple[str, ...]) -> None:
+    """Exits 2 naming a ``--report-to`` backend whose package is not installed."""
+    if not backends:
+        return
+    from transformers.integrations import get_available_reporting_integrations
+
+    available = get_available_reporting_integrations()
+    for backend in backends:
+        if backend not in available:
+            installed = ", ".join(available) or "none"
+            fail(f"--report-to {backend}: not installed (installed: {installed})", EXIT_USAGE)
+
+
 @train.command("run")
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
@@ -304,6 +317,42 @@ def parse_max_regressions(values: tuple[str, ...]) -> dict[str, float]:
     show_default=True,
     help="stop: also end training after the step whose validation regressed.",
 )
+@click.option(
+    "--dynamic-sampling",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="MAX_EXTRA",
+    help="Replace prompt groups whose rewards all agree (no GRPO signal) with groups of extra prompts "
+    "from the same environment, so every environment keeps its exact quota; each environment draws at "
+    "most MAX_EXTRA extra prompts per step, and slots still without signal are counted as unfilled. "
+    "train_log.jsonl's dynamic_sampling field says, per environment and step, what was drawn, seen and "
+    "dropped. Default: off.",
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Save a checkpoint (weights, optimizer, RNG states, trainer state) to OUTPUT/trainer every N "
+    "steps, keeping the last two. Default: none.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the run in OUTPUT from its last checkpoint: the same settings are required, steps "
+    "after the checkpoint are collected again with the same prompts and quotas, and every file holds "
+    "each step exactly once.",
+)
+@click.option(
+    "--report-to",
+    "report_to",
+    multiple=True,
+    metavar="BACKEND",
+    help="Send every log record (TRL's and polygym/<env>/... per environment: reward, tokens, "
+    "truncated_share, zero_variance_share, masked_share, validation_reward) to a transformers "
+    "integration: tensorboard, wandb, mlflow... (repeatable; the backend's package must be installed). "
+    "Default: none (trainer_log.jsonl holds the same records).",
+)
 def run(
     spec_path: Path,
     overrides: tuple[str, ...],
@@ -325,6 +374,10 @@ def run(
     seed: int | None,
     max_regressions: tuple[str, ...],
     on_regression: str,
+    dynamic_sampling: int | None,
+    checkpoint_every: int | None,
+    resume: bool,
+    report_to: tuple[str, ...],
 ) -> None:
     """Train a policy with GRPO (TRL) on the blend SPEC, on this machine, and compare validation.
 
@@ -340,6 +393,7 @@ def run(
         import trl  # noqa: F401
     except ImportError:
         fail("gym train run needs the training extra: pip install -e '.[train]'", EXIT_USAGE)
+    check_report_to(report_to)
     from polygym.cli.compare import print_comparison
     from polygym.training.models import ModelLoadError
     from polygym.training.run import RunSettings, train_run
@@ -365,6 +419,10 @@ def run(
         seed=seed,
         max_regression=parse_max_regressions(max_regressions),
         on_regression=on_regression,
+        dynamic_sampling=dynamic_sampling,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        report_to=report_to,
     )
     out = console()
     try:

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from polygym.blend.dynamic_sampling import DynamicSampling
 from polygym.blend.mix import Blend, load_blend
 from polygym.blend.spec import BlendSpec
 from polygym.blend.stepwise import EnvStepReport, StepFiles, StepReport, StepSettings, prepare_step_files
@@ -173,12 +174,11 @@ class TokenStep:
 
     def log_lines(self) -> list[dict[str, Any]]:
         """One JSON-ready line per environment and the roll-up, with the step's wall time."""
-        extra = {
-            "elapsed_s": round(self.report.elapsed_s, 4),
-            "timed_out": self.report.timed_out,
-            "logprob_semantics": self.logprob_semantics,
-        }
-        return [{**stats.to_dict(), **extra} for stats in self.stats.values()]
+        semantics = self.logprob_semantics
+        return [
+            {**stats.to_dict(), **self.report.env_extra(env), "logprob_semantics": semantics}
+            for env, stats in self.stats.items()
+        ]
 
 
 class MixedLogprobSemanticsError(ValueError):
@@ -272,6 +272,7 @@ class TokenCollector:
         overwrite: bool = False,
         backend: str = "inline",
         allow_mixed_logprob_semantics: bool = False,
+        dynamic_sampling: DynamicSampling | None = None,
     ) -> None:
         self.blend = spec if isinstance(spec, Blend) else load_blend(spec)
         self.output = Path(output)
@@ -281,6 +282,7 @@ class TokenCollector:
         self.step_timeout_s = step_timeout_s
         self.overwrite = overwrite
         self.allow_mixed_logprob_semantics = allow_mixed_logprob_semantics
+        self.dynamic_sampling = dynamic_sampling
         self.client: ServerClient | None = None
         self._session: StackSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -356,7 +358,12 @@ class TokenCollector:
             await self._close_stream()
             assert self.client is not None
             settings = StepSettings(
-                _FOREVER, number, self.limits, self.step_timeout_s, dict(self.sampling or {})
+                _FOREVER,
+                number,
+                self.limits,
+                self.step_timeout_s,
+                dict(self.sampling or {}),
+                dynamic_sampling=self.dynamic_sampling,
             )
             self._stream = stream_token_steps(
                 self.client,

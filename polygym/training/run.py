@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polygym.blend.dynamic_sampling import DynamicSampling
 from polygym.blend.mix import Blend, load_blend
 from polygym.blend.spec import BlendSpec, load_spec
 from polygym.blend.stepwise import environments_to_serve
@@ -51,7 +52,15 @@ from polygym.jsonl import append_jsonl, iter_jsonl, write_jsonl
 from polygym.row import ALL_ENVS, Job, make_job, reward
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
+from polygym.training.checkpoint import (
+    check_resumable,
+    checkpoint_config,
+    keep_steps_before,
+    marker_callback,
+    write_run_record,
+)
 from polygym.training.collector import TokenCollector, TokenStep
+from polygym.training.env_metrics import validation_metrics
 from polygym.training.trl_adapter import GradientShare
 
 POLICY_NAME = "policy"
@@ -89,6 +98,15 @@ class RunSettings:
     gradient_share: GradientShare = "tokens"
     """"tokens": each trained token weighs 1 (an environment's gradient share follows its token
     count); "plan": each environment's gradient share is its planned share (``trl_adapter``)."""
+    dynamic_sampling: int | None = None
+    """Extra prompts each environment may draw per step to replace groups without reward variance
+    (``blend.dynamic_sampling``); None: off."""
+    checkpoint_every: int | None = None
+    """Save a checkpoint every N optimizer steps (``checkpoint``); None: never."""
+    resume: bool = False
+    """Continue the run in ``output_dir`` from its last checkpoint, exactly (``checkpoint``)."""
+    report_to: tuple[str, ...] = ()
+    """``report_to`` integrations of transformers (tensorboard, wandb...) for every log record."""
     trainer_overrides: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -197,6 +215,8 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     timings: dict[str, float] = {}
     out = settings.output_dir
     out.mkdir(parents=True, exist_ok=True)
+    resume_from = check_resumable(out, settings.to_dict()) if settings.resume else None
+    start = resume_from[1] if resume_from is not None else 0
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     spec = load_spec(settings.spec_path)
     blend = load_blend(spec)
@@ -215,13 +235,23 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     trainable = total if settings.train_layers is None else train_top_layers(model, settings.train_layers)
     echo(f"policy {settings.model}: {total / 1e6:.0f}M parameters, {trainable / 1e6:.0f}M trained")
 
+    if resume_from is None:
+        write_run_record(out, settings.to_dict())
+    else:
+        echo(f"resuming at step {start} from {resume_from[0]}")
     log_path = out / "train_log.jsonl"
-    log_path.write_text("")
+    keep_steps_before(log_path, start)
     steps: list[TokenStep] = []
 
     curves_path = out / "validation.jsonl"
-    curves_path.write_text("")
-    regressed: list[dict[str, Any]] = []
+    validated = keep_steps_before(curves_path, start)
+    before = {line["env"]: _mean(line) for line in validated if line["step"] == 0}
+    regressed = [
+        found
+        for step, now in validation_means(validated).items()
+        if step > 0
+        for found in regressions(step, before, now, settings.max_regression)
+    ]
 
     def check_regressions(step: int, now: dict[str, float]) -> bool:
         found = regressions(step, before, now, settings.max_regression)
@@ -246,6 +276,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
                 settings.max_output_tokens,
             )
             append_jsonl(validation_lines(step.step, rewards, validation), curves_path)
+            grpo.log_metrics(validation_metrics(mean_rewards(rewards)))
             took = time.perf_counter() - t
             echo(f"validation at step {step.step}: {_rewards(mean_rewards(rewards))} ({took:.0f}s)")
             if check_regressions(step.step, mean_rewards(rewards)) and settings.on_regression == "stop":
@@ -271,7 +302,9 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         )
         echo(
             f"step {step.step}: reward {'; '.join(parts)}; trained tokens {tokens}; "
-            f"{step.report.elapsed_s:.1f}s collect" + (f"; {masked} masked" if masked else "")
+            f"{step.report.elapsed_s:.1f}s collect"
+            + (f"; {masked} masked" if masked else "")
+            + _dynamic_note(step)
         )
 
     sampling: dict[str, Any] = {"temperature": settings.temperature}
@@ -288,27 +321,33 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             sampling=sampling,
             step_timeout_s=settings.step_timeout_s,
             overwrite=True,
+            dynamic_sampling=(
+                DynamicSampling(settings.dynamic_sampling) if settings.dynamic_sampling is not None else None
+            ),
         )
         with collector:
-            t = time.perf_counter()
-            before_rewards = validate(
-                collector,
-                validation,
-                out / "validation_before.jsonl",
-                settings.validation_limit,
-                settings.max_output_tokens,
-            )
-            append_jsonl(validation_lines(0, before_rewards, validation), curves_path)
-            before = mean_rewards(before_rewards)
-            timings["validation_before_s"] = time.perf_counter() - t
-            echo(f"validation before: {_rewards(before)} ({timings['validation_before_s']:.0f}s)")
-
             grpo = PolygymGRPO(
                 collector,
                 settings.steps,
                 on_step=on_step,
                 gradient_share=settings.gradient_share,
             )
+            grpo.next_step = start  # the trainer skips the generation batches it trained already
+            if resume_from is None:
+                t = time.perf_counter()
+                before_rewards = validate(
+                    collector,
+                    validation,
+                    out / "validation_before.jsonl",
+                    settings.validation_limit,
+                    settings.max_output_tokens,
+                )
+                append_jsonl(validation_lines(0, before_rewards, validation), curves_path)
+                before = mean_rewards(before_rewards)
+                grpo.log_metrics(validation_metrics(before))
+                timings["validation_before_s"] = time.perf_counter() - t
+                echo(f"validation before: {_rewards(before)} ({timings['validation_before_s']:.0f}s)")
+
             trainer_settings = {
                 "learning_rate": settings.learning_rate,
                 "lr_scheduler_type": "constant",
@@ -316,14 +355,15 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
                 "weight_decay": 0.0,
                 "max_grad_norm": 1.0,
                 **({"seed": settings.seed} if settings.seed is not None else {}),
+                **checkpoint_config(settings.checkpoint_every),
+                "report_to": list(settings.report_to) or "none",
                 **settings.trainer_overrides,
             }
             args = grpo.grpo_config(out / "trainer", **trainer_settings)
-            trainer = grpo.trainer(model, tokenizer, args)
+            trainer = grpo.trainer(model, tokenizer, args, callbacks=[marker_callback()])
             t = time.perf_counter()
-            trainer.train()
+            trainer.train(resume_from_checkpoint=str(resume_from[0]) if resume_from is not None else None)
             timings["train_s"] = time.perf_counter() - t
-            write_jsonl(trainer.state.log_history, out / "trainer_log.jsonl")
 
             t = time.perf_counter()
             after_rewards = validate(
@@ -336,6 +376,8 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             append_jsonl(validation_lines(trainer.state.global_step, after_rewards, validation), curves_path)
             after = mean_rewards(after_rewards)
             check_regressions(trainer.state.global_step, after)
+            trainer.log(validation_metrics(after))  # the last record: through report_to too
+            write_jsonl(trainer.state.log_history, out / "trainer_log.jsonl")
             timings["validation_after_s"] = time.perf_counter() - t
             echo(f"validation after: {_rewards(after)} ({timings['validation_after_s']:.0f}s)")
     if settings.save_model:
@@ -346,6 +388,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     )
     (out / "comparison.json").write_text(json.dumps(comparison.to_dict(), indent=2))
     plot_curves(log_path, out / "curves.png", before, after, title=f"GRPO on {settings.model}")
+    lines = list(iter_jsonl(log_path))  # every step of the run, those before a resume too
     timings["total_s"] = time.perf_counter() - began
     summary = {
         "settings": settings.to_dict(),
@@ -362,34 +405,86 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             "generated_tokens": generator.stats.generated_tokens,
             "seconds": round(generator.stats.seconds, 1),
         },
-        "masked_rollouts": sum(s.total.masked for s in steps),
-        "non_contiguous_rollouts": sum(s.total.non_contiguous for s in steps),
-        "failed_rollouts": sum(s.total.failures for s in steps),
-        "truncated_rollouts": sum(s.total.truncated for s in steps),
-        "truncated_turns": sum(s.total.truncated_turns for s in steps),
-        "token_shares": token_shares(steps),
+        **run_totals(lines),
+        "token_shares": token_shares(lines),
+        "dynamic_sampling": dynamic_totals(lines) if settings.dynamic_sampling is not None else None,
+        "resumed_at_step": start if resume_from is not None else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(out, steps, comparison, timings, summary)
 
 
-def token_shares(steps: Sequence[TokenStep]) -> dict[str, dict[str, float | None]]:
-    """Per environment over the whole run: planned share of the prompts, share of the trained
-    tokens and share of the loss weight (what the gradient followed)."""
-    envs = [env for env in (steps[0].stats if steps else {}) if env != ALL_ENVS]
-    trained = sum(s.total.generated_tokens for s in steps)
-    weighted = sum(s.stats[e].generated_tokens * s.stats[e].loss_weight for s in steps for e in envs)
+def run_totals(lines: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Rollout counts over the run, from the ``_all`` lines of ``train_log.jsonl``."""
+    totals = [line for line in lines if line["env"] == ALL_ENVS]
+    names = {
+        "masked_rollouts": "masked",
+        "non_contiguous_rollouts": "non_contiguous",
+        "failed_rollouts": "failures",
+        "truncated_rollouts": "truncated",
+        "truncated_turns": "truncated_turns",
+    }
+    return {key: sum(line[field] for line in totals) for key, field in names.items()}
+
+
+def token_shares(lines: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per environment over the whole run (``train_log.jsonl`` lines): planned share of the prompts,
+    share of the trained tokens and share of the loss weight (what the gradient followed)."""
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        if line["env"] != ALL_ENVS:
+            by_env.setdefault(line["env"], []).append(line)
+    trained = sum(line["generated_tokens"] for env_lines in by_env.values() for line in env_lines)
+    weighted = sum(
+        line["generated_tokens"] * line["loss_weight"] for env_lines in by_env.values() for line in env_lines
+    )
     out: dict[str, dict[str, float | None]] = {}
-    for env in envs:
-        tokens = sum(s.stats[env].generated_tokens for s in steps)
-        weight = sum(s.stats[env].generated_tokens * s.stats[env].loss_weight for s in steps)
+    for env, env_lines in by_env.items():
+        tokens = sum(line["generated_tokens"] for line in env_lines)
+        weight = sum(line["generated_tokens"] * line["loss_weight"] for line in env_lines)
         out[env] = {
-            "planned_share": steps[0].stats[env].planned_share,
+            "planned_share": env_lines[0]["planned_share"],
             "trained_tokens": tokens,
             "trained_token_share": tokens / trained if trained else None,
             "gradient_share": weight / weighted if weighted else None,
         }
     return out
+
+
+def dynamic_totals(lines: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per environment (and ``_all``), dynamic sampling's draws summed over the run's steps."""
+    out: dict[str, dict[str, int]] = {}
+    for line in lines:
+        totals = out.setdefault(line["env"], {})
+        for key, value in (line.get("dynamic_sampling") or {}).items():
+            totals[key] = totals.get(key, 0) + value
+    return out
+
+
+def _dynamic_note(step: TokenStep) -> str:
+    draws = step.report.dynamic
+    if draws is None:
+        return ""
+    parts = [
+        f"{env} +{d.extra_prompts} drawn, {d.zero_variance_dropped} dropped"
+        + (f", {d.unfilled} unfilled (bound reached)" if d.unfilled else "")
+        for env, d in draws.items()
+        if d.extra_prompts or d.zero_variance_seen
+    ]
+    return f"; dynamic sampling: {', '.join(parts)}" if parts else ""
+
+
+def validation_means(lines: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """``validation.jsonl`` lines as ``{step: {env: mean reward}}``."""
+    out: dict[int, dict[str, float]] = {}
+    for line in lines:
+        out.setdefault(line["step"], {})[line["env"]] = _mean(line)
+    return out
+
+
+def _mean(line: dict[str, Any]) -> float:
+    value = line.get("reward_mean")
+    return float(value) if value is not None else math.nan
 
 
 def _rewards(rewards: dict[str, float]) -> str:

@@ -30,9 +30,11 @@ How a step maps onto TRL:
   luspo): "grpo"/"sapo" average each sequence first, which cancels a per-sequence weight.
 - **Rewards** come from the environments' verifiers: ``polygym_reward`` (the reward function to
   give TRL) returns them; TRL computes the group-relative advantages itself.
-- **Metrics**: every step's per-environment stats (``polygym/<env>/reward_mean``, ``.../realized_share``,
-  ``.../zero_variance_share``, ``.../masked`` ...) go into the trainer's logs next to TRL's own, and
-  ``on_step`` receives the full ``TokenStep`` (``gym train run`` writes it to JSONL).
+- **Metrics**: every step's per-environment values (``polygym/<env>/reward``, ``.../tokens``,
+  ``.../truncated_share``, ``.../zero_variance_share``, ``.../masked_share``, ``.../validation_reward``
+  ..., see ``env_metrics``) go into the trainer's log records next to TRL's own, hence to every
+  ``report_to`` backend; ``on_step`` receives the full ``TokenStep`` (``gym train run`` writes it to
+  JSONL).
 
 The policy the environments see must be the model being trained: serve it with
 ``generation_server.GenerationServerThread`` and point the stack's ``vllm_model`` at it (what
@@ -49,6 +51,7 @@ from typing import Any, Literal
 from polygym.protocol import input_items, item_text
 from polygym.training.advantages import plan_token_weights
 from polygym.training.collector import TokenCollector, TokenStep
+from polygym.training.env_metrics import step_metrics
 from polygym.training.tokens import TokenRollout
 
 REWARD_FIELD = "polygym_reward"
@@ -105,7 +108,9 @@ class PolygymGRPO:
         self.plan = collector.blend.plan()
         self.sampler = collector.blend.sampler(self.plan)
         self.next_step = start_step
+        """The step the next generation batch collects (a resumed run sets it to its checkpoint's)."""
         self.history: list[TokenStep] = []
+        self._pending: dict[str, float] = {}
 
     @property
     def prompts_per_step(self) -> int:
@@ -251,13 +256,19 @@ class PolygymGRPO:
         self.weigh(step)
         pad = trainer.processing_class.pad_token_id if hasattr(trainer, "processing_class") else 0
         outputs = self.batch(step, pad_id=pad if pad is not None else 0)
+        if self.on_step is not None:
+            self.on_step(step)  # may validate: its values join this step's record
         metrics = getattr(trainer, "_metrics", None)
         if isinstance(metrics, dict) and "train" in metrics:
-            for key, value in step.metrics(self.metrics_prefix).items():
+            values = {**step_metrics(step, self.metrics_prefix), **self._pending}
+            self._pending.clear()
+            for key, value in values.items():
                 metrics["train"][key].append(value)
-        if self.on_step is not None:
-            self.on_step(step)
         return outputs
+
+    def log_metrics(self, values: dict[str, float]) -> None:
+        """Queue values (``env_metrics.validation_metrics``...) for the trainer's next log record."""
+        self._pending.update(values)
 
     def _expected_prompts(self, number: int) -> list[list[dict[str, str]]]:
         step = self.sampler.step(number)
@@ -277,7 +288,8 @@ class PolygymGRPO:
 
     def batch(self, step: TokenStep, pad_id: int = 0) -> dict[str, list[Any]]:
         """``rollout_func`` output for a collected step, in TRL's order (prompt-major, R each)."""
-        by_key = {(r.group_id, r.rollout_index): r for r in step.rollouts}
+        # a group's slot: the planned prompt it stands for (dynamic sampling may have replaced it)
+        by_key = {(step.report.slots[r.group_id], r.rollout_index): r for r in step.rollouts}
         out: dict[str, list[Any]] = {
             "prompt_ids": [],
             "completion_ids": [],
@@ -286,11 +298,10 @@ class PolygymGRPO:
             REWARD_FIELD: [],
             ENV_COLUMN: [],
         }
-        first_task = step.step * self.prompts_per_step
         envs = [item.env for item in self.sampler.step(step.step).items]
         for i in range(self.prompts_per_step):
             for j in range(self.responses_per_prompt):
-                rollout = by_key.get((first_task + i, j))
+                rollout = by_key.get((i, j))
                 if rollout is None or not rollout.completion_ids:
                     self._placeholder(out, pad_id, envs[i], rollout)
                     continue
