@@ -214,8 +214,8 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     began = time.perf_counter()
     timings: dict[str, float] = {}
     out = settings.output_dir
-    out.mkdir(parents=True, exist_ok=True)
     resume_from = check_resumable(out, settings.to_dict()) if settings.resume else None
+    out.mkdir(parents=True, exist_ok=True)
     start = resume_from[1] if resume_from is not None else 0
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     spec = load_spec(settings.spec_path)
