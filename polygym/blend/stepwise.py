@@ -33,8 +33,9 @@ import math
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -380,28 +381,16 @@ async def stream_steps(
     ):
         for step in sampler.steps(settings.start_step, settings.steps):
             jobs = settings.jobs(step, plan)
-            sent = {env: list(env_jobs) for env, env_jobs in jobs.items()}
             recorder = _StepRecorder(step.number, writer, summary)
             began = time.perf_counter()
             refill = (
-                Refill(
-                    step,
-                    plan,
-                    sampler,
-                    settings.dynamic_sampling,
-                    lambda i, t: settings.item_jobs(i, t, plan),
-                )
+                Refill(step, plan, sampler, settings.dynamic_sampling, partial(settings.item_jobs, plan=plan))
                 if settings.dynamic_sampling is not None
                 else None
             )
-            timed_out, round_jobs = False, jobs
-            while round_jobs and not timed_out:
-                inputs.write_all(j.row for env_jobs in round_jobs.values() for j in env_jobs)
-                left = None if deadline_s is None else deadline_s - (time.perf_counter() - began)
-                timed_out = await _collect_step(client, round_jobs, settings.limits, left, recorder.record)
-                round_jobs = refill.next_round(recorder.results) if refill is not None else {}
-                for env, extra in round_jobs.items():
-                    sent[env].extend(extra)
+            timed_out, sent = await _collect_rounds(
+                client, jobs, settings, refill, recorder, inputs.write_all
+            )
             elapsed = time.perf_counter() - began
             late = recorder.stragglers(sent, deadline_s, elapsed)
             draws = refill.finish(recorder.results) if refill is not None else None
@@ -410,6 +399,32 @@ async def stream_steps(
             report.dynamic = draws
             log.write_all(report.lines())
             yield report
+
+
+async def _collect_rounds(
+    client: ServerClient,
+    jobs: dict[str, list[Job]],
+    settings: StepSettings,
+    refill: Refill | None,
+    recorder: _StepRecorder,
+    write_inputs: Callable[[Iterable[dict[str, Any]]], Any],
+) -> tuple[bool, dict[str, list[Job]]]:
+    """Collect a step's jobs, then dynamic sampling's rounds of extras (if on) until it is done or
+    the step deadline passes; whether the deadline cut a round, and every job sent by environment."""
+    began = time.perf_counter()
+    deadline_s = settings.step_timeout_s
+    sent = {env: list(env_jobs) for env, env_jobs in jobs.items()}
+    round_jobs = jobs
+    while True:
+        write_inputs(j.row for env_jobs in round_jobs.values() for j in env_jobs)
+        left = None if deadline_s is None else deadline_s - (time.perf_counter() - began)
+        timed_out = await _collect_step(client, round_jobs, settings.limits, left, recorder.record)
+        out_of_time = deadline_s is not None and time.perf_counter() - began >= deadline_s
+        round_jobs = refill.next_round(recorder.results) if refill and not (timed_out or out_of_time) else {}
+        if not round_jobs:
+            return timed_out, sent
+        for env, extra in round_jobs.items():
+            sent[env].extend(extra)
 
 
 def _planned_slots(step: Step, plan: Plan) -> dict[int, int]:

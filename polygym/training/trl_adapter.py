@@ -48,6 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from polygym.blend.dynamic_sampling import task_stride
 from polygym.protocol import input_items, item_text
 from polygym.training.advantages import plan_token_weights
 from polygym.training.collector import TokenCollector, TokenStep
@@ -137,11 +138,12 @@ class PolygymGRPO:
         from datasets import Dataset
 
         rows: dict[str, list[Any]] = {"prompt": [], ENV_COLUMN: [], TASK_COLUMN: []}
+        stride = task_stride(self.plan, self.collector.dynamic_sampling)
         for step in self.sampler.steps(self.start_step, self.steps):
             for i, item in enumerate(step.items):
                 rows["prompt"].append(prompt_messages(item.row))
                 rows[ENV_COLUMN].append(item.env)
-                rows[TASK_COLUMN].append(step.number * self.prompts_per_step + i)
+                rows[TASK_COLUMN].append(step.number * stride + i)
         return Dataset.from_dict(rows)
 
     def grpo_config(self, output_dir: str | Path, **overrides: Any) -> Any:
