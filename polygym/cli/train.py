@@ -262,7 +262,9 @@ def check_report_to(backends: tuple[str, ...]) -> None:
     "--model", default="smollm2-135m", show_default=True, help="Known model name, GGUF file or HF folder."
 )
 @click.option("--steps", type=click.IntRange(min=1), default=24, show_default=True, help="Optimizer steps.")
-@click.option("--learning-rate", "--lr", type=float, default=1e-4, show_default=True)
+@click.option(
+    "--learning-rate", "--lr", type=float, default=1e-4, show_default=True, help="Constant learning rate."
+)
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="Sampling temperature.")
 @click.option(
     "--max-output-tokens", type=click.IntRange(min=1), default=None, help="Default: each row's own."
@@ -271,7 +273,13 @@ def check_report_to(backends: tuple[str, ...]) -> None:
 @click.option(
     "--config", "configs", multiple=True, help="Extra config file merged into the stack (repeatable)."
 )
-@click.option("--concurrency", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Rollouts in flight at once, shared out between the environments of a step.",
+)
 @click.option("--step-timeout", type=float, default=None, help="Seconds per step before stragglers are cut.")
 @click.option(
     "--threads", type=click.IntRange(min=1), default=None, help="Torch threads (default: all cores)."
@@ -383,9 +391,12 @@ def run(
 
     The policy is served from the weights being trained, so every rollout is on-policy; every
     environment of SPEC (eval_only ones too: watched, not trained) is validated before and after
-    (and every --validate-every steps, into validation.jsonl). Writes train_log.jsonl (reward per
-    environment and step), curves.png, validation_before/after files, comparison.json and
-    summary.json to --output. Needs `pip install -e '.[train]'` (see README "Training").
+    (and every --validate-every steps, into validation.jsonl). Writes run.json (the settings),
+    train_log.jsonl (reward per environment and step), trainer_log.jsonl (every log record, the
+    per-environment polygym/<env>/... values included), curves.png, validation_before/after files,
+    comparison.json and summary.json to --output; with --checkpoint-every, checkpoints that
+    --resume continues from. KEY=VALUE overrides the stack config. Needs `pip install -e
+    '.[train]'` (see README "Training").
     """
     passive_omp_threads()
     try:

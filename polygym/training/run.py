@@ -17,13 +17,18 @@ What one run does, in order (every file lands in ``--output DIR``):
 4. Trains with TRL's ``GRPOTrainer`` through ``trl_adapter.PolygymGRPO``: each optimizer step is one
    step of the blend (exact per-environment quotas), collected through polygym's agents and
    verifiers. Each step's per-environment statistics go to ``train_log.jsonl`` (one line per
-   environment and step, plus ``_all``) and to the trainer's logs; TRL's own log lines (loss, KL,
-   clip ratios...) to ``trainer_log.jsonl``; every rollout to ``rollouts/train*.jsonl``.
+   environment and step, plus ``_all``) and to the trainer's log records (``env_metrics``: also to
+   any ``--report-to`` backend), which ``trainer_log.jsonl`` keeps with TRL's own (loss, KL, clip
+   ratios...); every rollout to ``rollouts/train*.jsonl``. With ``--dynamic-sampling`` groups
+   without reward variance are replaced from the same environment (``blend.dynamic_sampling``);
+   with ``--checkpoint-every`` the trainer saves checkpoints that ``--resume`` continues from
+   exactly (``checkpoint``).
 5. Validates again (``validation_after*``), compares the two runs per environment with
    ``gym eval compare``'s logic (``comparison.json``), and draws ``curves.png``: reward per step for
    each environment (with a moving average), the before/after validation rewards, and the
    realized share of each environment per step.
-6. Writes ``summary.json``: settings, phase timings, validation rewards and regressions.
+6. Writes ``summary.json``: settings, phase timings, validation rewards and regressions (the
+   settings are also written first, to ``run.json``: the record a resume is checked against).
 
 Nothing is saved of the weights unless ``--save-model`` is given (a 135M model is 540 MB in float32).
 """

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+import click
 from click.testing import CliRunner
 
 from polygym.cli import gym
@@ -193,3 +194,13 @@ def test_on_regression_stop_ends_training_after_the_regressed_step(
     assert summary["validation_regressions"][0]["step"] == 1
     assert summary["trainer_seed"] == 7 and summary["blend_seed"] == 0  # separate seeds
     assert [c["step"] for c in iter_jsonl(out / "validation.jsonl")] == [0, 1, 2]  # the end: 2 updates
+
+
+def test_gym_train_run_help_documents_every_option() -> None:
+    from polygym.cli.train import run
+
+    undocumented = [p.name for p in run.params if isinstance(p, click.Option) and not p.help]
+    assert undocumented == []
+    help_text = CliRunner().invoke(gym, ["train", "run", "--help"], terminal_width=200).output
+    for flag in ("--dynamic-sampling", "--checkpoint-every", "--resume", "--report-to", "--seed"):
+        assert flag in help_text
