@@ -381,7 +381,8 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             append_jsonl(validation_lines(trainer.state.global_step, after_rewards, validation), curves_path)
             after = mean_rewards(after_rewards)
             check_regressions(trainer.state.global_step, after)
-            trainer.log(validation_metrics(after))  # the last record: through report_to too
+            if final := validation_metrics(after):
+                trainer.log(final)  # the last record: through report_to too
             write_jsonl(trainer.state.log_history, out / "trainer_log.jsonl")
             timings["validation_after_s"] = time.perf_counter() - t
             echo(f"validation after: {_rewards(after)} ({timings['validation_after_s']:.0f}s)")
