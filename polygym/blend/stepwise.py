@@ -3,7 +3,9 @@
 Each step holds the planned number of prompts of every environment; each prompt is collected
 ``responses_per_prompt`` times (one task, rollouts 0..R-1). Task indices are global and stable:
 prompt ``i`` of step ``s`` is task ``s * prompts_per_step + i``, so a run resumed at step N writes
-the same indices an uninterrupted run would have.
+the same indices an uninterrupted run would have. (With dynamic sampling a step owns more indices,
+for its extra prompts: ``s * stride + i``, see ``dynamic_sampling``; a step's report then covers
+the groups it trains, the files every group collected.)
 
 Two rules keep one environment from hurting the others:
 
@@ -102,11 +104,7 @@ class StepSettings:
 
     def item_jobs(self, item: StepItem, task: int, plan: Plan) -> list[Job]:
         """The ``responses_per_prompt`` jobs of one prompt as task ``task``."""
-        agent = item.row["agent_ref"]["name"]
-        return [
-            make_job(item.row, agent, task, r, self.sampling, self.seed)
-            for r in range(plan.responses_per_prompt)
-        ]
+        return prompt_jobs(item, task, plan, self.sampling, self.seed)
 
 
 @dataclass(frozen=True)
@@ -163,7 +161,7 @@ class StepReport:
         """Fields of ``env``'s line beyond its report: the step's timing, dynamic sampling."""
         extra: dict[str, Any] = {"elapsed_s": round(self.elapsed_s, 4), "timed_out": self.timed_out}
         if self.dynamic is not None:
-            draws = self.dynamic.get(env) or total_draws(self.dynamic.values())
+            draws = self.dynamic[env] if env in self.dynamic else total_draws(self.dynamic.values())
             extra["dynamic_sampling"] = draws.to_dict()
         return extra
 
@@ -217,10 +215,16 @@ def step_jobs(
     jobs: dict[str, list[Job]] = {env.name: [] for env in plan.environments}
     for i, item in enumerate(step.items):
         task = step.number * (stride or plan.prompts_per_step) + i
-        agent = item.row["agent_ref"]["name"]
-        for rollout in range(plan.responses_per_prompt):
-            jobs[item.env].append(make_job(item.row, agent, task, rollout, sampling, seed))
+        jobs[item.env].extend(prompt_jobs(item, task, plan, sampling, seed))
     return jobs
+
+
+def prompt_jobs(
+    item: StepItem, task: int, plan: Plan, sampling: dict[str, Any] | None, seed: int | None
+) -> list[Job]:
+    """One prompt's jobs: task ``task``, responses ``0 .. responses_per_prompt - 1``."""
+    agent = item.row["agent_ref"]["name"]
+    return [make_job(item.row, agent, task, r, sampling, seed) for r in range(plan.responses_per_prompt)]
 
 
 def _env_limits(limits: Limits, agent: str, share: int, total: int) -> Limits:
