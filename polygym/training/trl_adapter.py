@@ -28,6 +28,10 @@ How a step maps onto TRL:
   planned share of the prompts (``advantages.plan_token_weights``); the step's total weight stays
   its token count. It needs a loss that sums over tokens (``loss_type`` dapo, bnpo, dr_grpo, cispo,
   luspo): "grpo"/"sapo" average each sequence first, which cancels a per-sequence weight.
+- **Dynamic sampling** (``TokenCollector(dynamic_sampling=...)``) may replace a planned group by
+  a group of another prompt of the same environment; ``StepReport.slots`` says which slot each
+  trained group fills, and ``batch`` lays the groups out by slot, so TRL's per-prompt grouping and
+  each environment's quota are unchanged.
 - **Rewards** come from the environments' verifiers: ``polygym_reward`` (the reward function to
   give TRL) returns them; TRL computes the group-relative advantages itself.
 - **Metrics**: every step's per-environment values (``polygym/<env>/reward``, ``.../tokens``,
@@ -189,7 +193,10 @@ class PolygymGRPO:
         """A ``GRPOTrainer`` on this blend (``kwargs`` go to the trainer: callbacks, optimizers...).
 
         The environments' rewards always come first; ``extra_reward_funcs`` (TRL reward functions,
-        e.g. a length penalty) are added to them, weighted by ``args.reward_weights`` if set.
+        e.g. a length penalty) are added to them, weighted by ``args.reward_weights`` if set. With
+        dynamic sampling on, TRL still passes them the *planned* prompt of each slot, not the
+        replacement's (the completions are the real ones): a function that reads the prompt would
+        score a replaced group against the wrong one.
         """
         import os
 
