@@ -342,7 +342,8 @@ def check_report_to(backends: tuple[str, ...]) -> None:
     default=None,
     metavar="N",
     help="Save a checkpoint (weights, optimizer, RNG states, trainer state) to OUTPUT/trainer every N "
-    "steps, keeping the last two (for SmolLM2-135M, about 1.6 GB each). Default: none.",
+    "steps, keeping the last two (each up to about 3x the float32 model: weights and Adam state). "
+    "Default: none.",
 )
 @click.option(
     "--resume",

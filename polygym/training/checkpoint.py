@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ from polygym.jsonl import iter_jsonl, write_jsonl
 
 MARKER = "polygym_checkpoint.json"
 RUN_RECORD = "run.json"
+TRAINER_DIR = "trainer"
+"""The trainer's folder in a run's output: its checkpoints live there."""
 KEPT_CHECKPOINTS = 2
 _FREE_ON_RESUME = frozenset({"resume", "report_to"})
 _CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
@@ -80,8 +83,14 @@ def latest_checkpoint(trainer_dir: Path) -> tuple[Path, int] | None:
     return folder, step
 
 
-def write_run_record(output: Path, settings: dict[str, Any]) -> None:
+def start_fresh(output: Path, trainer_dir: Path, settings: dict[str, Any]) -> None:
+    """Record a new run's settings and remove the checkpoints of any earlier run in ``output``:
+    a resume must never continue from a checkpoint of another run (the trainer would also count
+    them among the ones it keeps)."""
     (output / RUN_RECORD).write_text(json.dumps({"settings": settings}, indent=2))
+    for folder in trainer_dir.glob("checkpoint-*") if trainer_dir.is_dir() else ():
+        if _CHECKPOINT_DIR.fullmatch(folder.name) and folder.is_dir():
+            shutil.rmtree(folder)
 
 
 def check_resumable(output: Path, settings: dict[str, Any]) -> tuple[Path, int]:
@@ -100,10 +109,10 @@ def check_resumable(output: Path, settings: dict[str, Any]) -> tuple[Path, int]:
     if changed:
         details = "; ".join(f"{k}: {recorded.get(k)!r} -> {settings.get(k)!r}" for k in changed)
         raise ResumeError(f"--resume: settings differ from the run in {output} ({details}); use the run's")
-    found = latest_checkpoint(output / "trainer")
+    found = latest_checkpoint(output / TRAINER_DIR)
     if found is None:
         raise ResumeError(
-            f"--resume: no complete checkpoint in {output / 'trainer'} (was --checkpoint-every given?); "
+            f"--resume: no complete checkpoint in {output / TRAINER_DIR} (was --checkpoint-every given?); "
             "run again without --resume"
         )
     return found

@@ -58,11 +58,12 @@ from polygym.row import ALL_ENVS, Job, make_job, reward
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
 from polygym.training.checkpoint import (
+    TRAINER_DIR,
     check_resumable,
     checkpoint_config,
     keep_steps_before,
     marker_callback,
-    write_run_record,
+    start_fresh,
 )
 from polygym.training.collector import TokenCollector, TokenStep
 from polygym.training.env_metrics import validation_metrics
@@ -241,7 +242,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     echo(f"policy {settings.model}: {total / 1e6:.0f}M parameters, {trainable / 1e6:.0f}M trained")
 
     if resume_from is None:
-        write_run_record(out, settings.to_dict())
+        start_fresh(out, out / TRAINER_DIR, settings.to_dict())
     else:
         echo(f"resuming at step {start} from {resume_from[0]}")
     log_path = out / "train_log.jsonl"
@@ -364,7 +365,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
                 "report_to": list(settings.report_to) or "none",
                 **settings.trainer_overrides,
             }
-            args = grpo.grpo_config(out / "trainer", **trainer_settings)
+            args = grpo.grpo_config(out / TRAINER_DIR, **trainer_settings)
             trainer = grpo.trainer(model, tokenizer, args, callbacks=[marker_callback()])
             t = time.perf_counter()
             trainer.train(resume_from_checkpoint=str(resume_from[0]) if resume_from is not None else None)

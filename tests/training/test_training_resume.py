@@ -137,11 +137,14 @@ def test_resume_refuses_changed_settings_and_a_run_without_checkpoints(tmp_path:
     assert none.exit_code == 2 and "--resume: no run to resume in" in none.output
     assert not out.exists()
     out.mkdir()
-    from polygym.training.checkpoint import write_run_record
+    from polygym.training.checkpoint import start_fresh
     from polygym.training.run import RunSettings
 
     recorded = RunSettings(spec, out, model="tiny", steps=STEPS, learning_rate=0.5).to_dict()
-    write_run_record(out, recorded)
+    stale = out / "trainer" / "checkpoint-9"
+    stale.mkdir(parents=True)
+    start_fresh(out, out / "trainer", recorded)
+    assert not stale.exists()  # a new run never resumes from an earlier run's checkpoint
     changed = CliRunner().invoke(gym, args(spec, out, "--resume"))
     assert changed.exit_code == 2 and "settings differ from the run" in changed.output
     assert "learning_rate: 0.5 -> 0.0001" in changed.output
