@@ -153,3 +153,38 @@ async def test_steps_keep_their_quotas_say_the_bound_and_continue_exactly(tmp_pa
     assert [(x["step"], x["env"]) for x in iter_jsonl(a.steps)] == [
         (x["step"], x["env"]) for x in iter_jsonl(b.steps)
     ]
+
+
+@pytest.mark.parametrize(("late", "extras"), [(False, 3 + 3), (True, 0)])
+async def test_no_extra_round_starts_after_the_step_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, late: bool, extras: int
+) -> None:
+    """A round that ends past the deadline ends the step: nothing more is drawn, nothing unsent counted."""
+    from types import SimpleNamespace
+
+    from polygym.blend import stepwise
+
+    clock = [0.0]
+    monkeypatch.setattr(stepwise, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    async def fake_collect(client: Any, jobs: Any, limits: Any, deadline: Any, on_result: Any) -> bool:
+        for env, results in collected(jobs, lambda job: False).items():
+            for result in results:
+                on_result(env, result)
+        clock[0] += 10.0 if late else 0.1  # the round took longer than the step's 5 s
+        return False
+
+    monkeypatch.setattr(stepwise, "_collect_step", fake_collect)
+    mix = blend(tmp_path)
+    plan, sampler = mix.plan(), mix.sampler()
+    settings = StepSettings(1, step_timeout_s=5.0, dynamic_sampling=DynamicSampling(3))
+    step = sampler.step(0)
+    refill = Refill(step, plan, sampler, DynamicSampling(3), lambda i, t: settings.item_jobs(i, t, plan))
+    recorder = stepwise._StepRecorder(0, SimpleNamespace(rollout=lambda r: None), None)  # type: ignore[arg-type]
+    client: Any = None  # the fake collection never calls it
+    _, sent = await stepwise._collect_rounds(
+        client, settings.jobs(step, plan), settings, refill, recorder, list
+    )
+    assert sum(refill.draws.values()) == extras
+    assert sum(len(jobs) for jobs in sent.values()) == (4 + extras) * 2
+    assert refill.finish(recorder.results)[ENVS[1]].unfilled == 1

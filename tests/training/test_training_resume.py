@@ -44,7 +44,7 @@ trl_adapter.PolygymGRPO.rollout_func = dying
 from polygym.cli import gym
 gym(sys.argv[1:])
 """
-GAME = {
+GAME: dict[str, Any] = {
     "responses_create_params": {"input": [{"role": "system", "content": "Guess."}], "max_output_tokens": 4},
     "game": {"low": 1, "high": 4, "secret": 2, "max_guesses": 2},
 }

@@ -221,7 +221,7 @@ def test_every_log_record_carries_per_environment_metrics_for_report_to(setup: d
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             self.logs.append(dict(logs or {}))
 
-    capture, seen = Capture(), []
+    capture, seen = Capture(), list[TokenStep]()
     blend = setup["collector"].blend
     sampling = {"max_output_tokens": 4, "temperature": 1.0}
     output = setup["tmp"] / "dynamic.jsonl"
@@ -243,6 +243,7 @@ def test_every_log_record_carries_per_environment_metrics_for_report_to(setup: d
     assert "polygym/guess_number/validation_reward" not in record  # no mean, no point
     assert "loss" in record and {**record, "step": 1} == trainer.state.log_history[0]
     step = seen[0]
+    assert step.report.dynamic is not None
     assert record["polygym/mcqa/dynamic/extra_prompts"] == step.report.dynamic["mcqa"].extra_prompts
     batch = grpo.batch(step)
     assert batch["polygym_env"] == ["mcqa"] * 3 + ["guess_number"] * 3  # one group per planned slot
