@@ -3,7 +3,9 @@
 Each step holds the planned number of prompts of every environment; each prompt is collected
 ``responses_per_prompt`` times (one task, rollouts 0..R-1). Task indices are global and stable:
 prompt ``i`` of step ``s`` is task ``s * prompts_per_step + i``, so a run resumed at step N writes
-the same indices an uninterrupted run would have.
+the same indices an uninterrupted run would have. (With dynamic sampling a step owns more indices,
+for its extra prompts: ``s * stride + i``, see ``dynamic_sampling``; a step's report then covers
+the groups it trains, the files every group collected.)
 
 Two rules keep one environment from hurting the others:
 
@@ -33,14 +35,16 @@ import math
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from polygym.blend.dynamic_sampling import DynamicSampling, EnvDraws, Refill, task_stride, total_draws
 from polygym.blend.mix import Blend, load_blend
 from polygym.blend.planner import Plan
-from polygym.blend.sampler import Step, StepSampler
+from polygym.blend.sampler import Step, StepItem, StepSampler
 from polygym.blend.spec import BlendSpec
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.rollouts import Limits, Result, collect, failure_record
@@ -85,13 +89,22 @@ class StepSettings:
     """Fields set in every request (``temperature``, ``max_output_tokens``...)."""
     seed: int | None = None
     """Request seed: response ``r`` of a prompt is sent with ``seed + r`` (None: the row's own)."""
+    dynamic_sampling: DynamicSampling | None = None
+    """Replace groups without reward variance from the same environment (``dynamic_sampling``)."""
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.start_step < 0:
             raise ValueError("steps and start_step must be >= 0")
 
     def jobs(self, step: Step, plan: Plan) -> dict[str, list[Job]]:
-        return step_jobs(step, plan, self.sampling, self.seed)
+        return step_jobs(step, plan, self.sampling, self.seed, self.task_stride(plan))
+
+    def task_stride(self, plan: Plan) -> int:
+        return task_stride(plan, self.dynamic_sampling)
+
+    def item_jobs(self, item: StepItem, task: int, plan: Plan) -> list[Job]:
+        """The ``responses_per_prompt`` jobs of one prompt as task ``task``."""
+        return prompt_jobs(item, task, plan, self.sampling, self.seed)
 
 
 @dataclass(frozen=True)
@@ -137,11 +150,23 @@ class StepReport:
     envs: dict[str, EnvStepReport]
     total: EnvStepReport
     rollouts: list[dict[str, Any]] = field(default_factory=list, repr=False)
-    """This step's successful rollouts, for a trainer that consumes them directly."""
+    """This step's successful rollouts of its trained groups, for a trainer that consumes them directly."""
+    slots: dict[int, int] = field(default_factory=dict)
+    """Task index of each trained group -> its slot in the step (0 .. prompts_per_step - 1): the
+    planned prompt it stands for. The identity unless dynamic sampling replaced a group."""
+    dynamic: dict[str, EnvDraws] | None = None
+    """Per environment, what dynamic sampling drew, saw and dropped (None: it was off)."""
+
+    def env_extra(self, env: str) -> dict[str, Any]:
+        """Fields of ``env``'s line beyond its report: the step's timing, dynamic sampling."""
+        extra: dict[str, Any] = {"elapsed_s": round(self.elapsed_s, 4), "timed_out": self.timed_out}
+        if self.dynamic is not None:
+            draws = self.dynamic[env] if env in self.dynamic else total_draws(self.dynamic.values())
+            extra["dynamic_sampling"] = draws.to_dict()
+        return extra
 
     def lines(self) -> list[dict[str, Any]]:
-        extra = {"elapsed_s": round(self.elapsed_s, 4), "timed_out": self.timed_out}
-        return [{**asdict(r), **extra} for r in (*self.envs.values(), self.total)]
+        return [{**asdict(r), **self.env_extra(r.env)} for r in (*self.envs.values(), self.total)]
 
 
 def _env_report(
@@ -178,17 +203,28 @@ def _env_report(
 
 
 def step_jobs(
-    step: Step, plan: Plan, sampling: dict[str, Any] | None = None, seed: int | None = None
+    step: Step,
+    plan: Plan,
+    sampling: dict[str, Any] | None = None,
+    seed: int | None = None,
+    stride: int | None = None,
 ) -> dict[str, list[Job]]:
     """The jobs of one step by environment: each prompt times ``responses_per_prompt``
-    (``sampling`` and ``seed`` as in ``make_job``)."""
+    (``sampling`` and ``seed`` as in ``make_job``; the step's tasks start at ``step x stride``,
+    ``stride`` being ``prompts_per_step`` unless dynamic sampling reserves more)."""
     jobs: dict[str, list[Job]] = {env.name: [] for env in plan.environments}
     for i, item in enumerate(step.items):
-        task = step.number * plan.prompts_per_step + i
-        agent = item.row["agent_ref"]["name"]
-        for rollout in range(plan.responses_per_prompt):
-            jobs[item.env].append(make_job(item.row, agent, task, rollout, sampling, seed))
+        task = step.number * (stride or plan.prompts_per_step) + i
+        jobs[item.env].extend(prompt_jobs(item, task, plan, sampling, seed))
     return jobs
+
+
+def prompt_jobs(
+    item: StepItem, task: int, plan: Plan, sampling: dict[str, Any] | None, seed: int | None
+) -> list[Job]:
+    """One prompt's jobs: task ``task``, responses ``0 .. responses_per_prompt - 1``."""
+    agent = item.row["agent_ref"]["name"]
+    return [make_job(item.row, agent, task, r, sampling, seed) for r in range(plan.responses_per_prompt)]
 
 
 def _env_limits(limits: Limits, agent: str, share: int, total: int) -> Limits:
@@ -231,9 +267,9 @@ async def _collect_step(
     return bool(pending)
 
 
-def _step_of(record: dict[str, Any], prompts_per_step: int) -> int | None:
+def _step_of(record: dict[str, Any], stride: int) -> int | None:
     task = record.get(TASK_INDEX)
-    return task // prompts_per_step if isinstance(task, int) else None
+    return task // stride if isinstance(task, int) else None
 
 
 def _keep_before(path: Path, start_step: int, step_of: Callable[[dict[str, Any]], int | None]) -> None:
@@ -245,10 +281,10 @@ def _keep_before(path: Path, start_step: int, step_of: Callable[[dict[str, Any]]
     write_jsonl(kept, path)
 
 
-def _keep_steps_before(files: StepFiles, start_step: int, prompts_per_step: int) -> None:
+def _keep_steps_before(files: StepFiles, start_step: int, stride: int) -> None:
     """What a run continued at ``start_step`` keeps: every record of the steps before it."""
     for path in (files.output, files.failures, files.materialized):
-        _keep_before(path, start_step, lambda r: _step_of(r, prompts_per_step))
+        _keep_before(path, start_step, lambda r: _step_of(r, stride))
     _keep_before(files.steps, start_step, lambda r: r.get("step") if isinstance(r.get("step"), int) else None)
 
 
@@ -256,18 +292,19 @@ def prepare_step_files(
     files: StepFiles, sampler: StepSampler, settings: StepSettings, overwrite: bool
 ) -> None:
     """Fresh files at step 0; at a later step, keep earlier steps and check they match the spec."""
-    prompts = sampler.plan.prompts_per_step
+    stride = settings.task_stride(sampler.plan)
     start_step = settings.start_step
     prepare(
         files,
         resume=start_step > 0,
         overwrite=overwrite,
-        keep=lambda _: _keep_steps_before(files, start_step, prompts),
+        keep=lambda _: _keep_steps_before(files, start_step, stride),
         how_to_continue="pass a start step to continue that run",
     )
     if start_step == 0:
         return
-    previous = [r for r in iter_jsonl(files.materialized) if _step_of(r, prompts) == start_step - 1]
+    planned = range((start_step - 1) * stride, (start_step - 1) * stride + sampler.plan.prompts_per_step)
+    previous = [r for r in iter_jsonl(files.materialized) if r.get(TASK_INDEX) in planned]
     if previous:
         expected = [
             job.row
@@ -312,18 +349,18 @@ class _StepRecorder:
 
     def stragglers(
         self, jobs: dict[str, list[Job]], deadline_s: float | None, elapsed: float
-    ) -> Counter[str]:
-        """Record every job without a result as a straggler failure; counts by environment."""
-        counts: Counter[str] = Counter()
+    ) -> dict[str, list[Job]]:
+        """Record every job without a result as a straggler failure; those jobs by environment."""
+        late: dict[str, list[Job]] = defaultdict(list)
         limit = f" of {deadline_s:g}s" if deadline_s is not None else ""
         message = f"not finished within the step deadline{limit}"
         for env, env_jobs in jobs.items():
             finished = {r.job.key for r in self.results[env]}
             for job in env_jobs:
                 if job.key not in finished:
-                    counts[env] += 1
+                    late[env].append(job)
                     self._failure(env, failure_record(job, STRAGGLER, message, elapsed))
-        return counts
+        return late
 
 
 async def stream_steps(
@@ -348,16 +385,55 @@ async def stream_steps(
     ):
         for step in sampler.steps(settings.start_step, settings.steps):
             jobs = settings.jobs(step, plan)
-            inputs.write_all(j.row for env_jobs in jobs.values() for j in env_jobs)
             recorder = _StepRecorder(step.number, writer, summary)
             began = time.perf_counter()
-            timed_out = await _collect_step(client, jobs, settings.limits, deadline_s, recorder.record)
+            refill = (
+                Refill(step, plan, sampler, settings.dynamic_sampling, partial(settings.item_jobs, plan=plan))
+                if settings.dynamic_sampling is not None
+                else None
+            )
+            timed_out, sent = await _collect_rounds(
+                client, jobs, settings, refill, recorder, inputs.write_all
+            )
             elapsed = time.perf_counter() - began
-            stragglers = recorder.stragglers(jobs, deadline_s, elapsed)
-            results, rollouts = recorder.results, recorder.rollouts
-            report = _report(step, plan, agents, jobs, results, stragglers, elapsed, timed_out, rollouts)
+            late = recorder.stragglers(sent, deadline_s, elapsed)
+            draws = refill.finish(recorder.results) if refill is not None else None
+            kept = refill.kept_groups() if refill is not None else _planned_slots(step, plan)
+            report = _report(step, plan, agents, jobs, recorder, late, kept, elapsed, timed_out)
+            report.dynamic = draws
             log.write_all(report.lines())
             yield report
+
+
+async def _collect_rounds(
+    client: ServerClient,
+    jobs: dict[str, list[Job]],
+    settings: StepSettings,
+    refill: Refill | None,
+    recorder: _StepRecorder,
+    write_inputs: Callable[[Iterable[dict[str, Any]]], Any],
+) -> tuple[bool, dict[str, list[Job]]]:
+    """Collect a step's jobs, then dynamic sampling's rounds of extras (if on) until it is done or
+    the step deadline passes; whether the deadline cut a round, and every job sent by environment."""
+    began = time.perf_counter()
+    deadline_s = settings.step_timeout_s
+    sent = {env: list(env_jobs) for env, env_jobs in jobs.items()}
+    round_jobs = jobs
+    while True:
+        write_inputs(j.row for env_jobs in round_jobs.values() for j in env_jobs)
+        left = None if deadline_s is None else deadline_s - (time.perf_counter() - began)
+        timed_out = await _collect_step(client, round_jobs, settings.limits, left, recorder.record)
+        out_of_time = deadline_s is not None and time.perf_counter() - began >= deadline_s
+        round_jobs = refill.next_round(recorder.results) if refill and not (timed_out or out_of_time) else {}
+        if not round_jobs:
+            return timed_out, sent
+        for env, extra in round_jobs.items():
+            sent[env].extend(extra)
+
+
+def _planned_slots(step: Step, plan: Plan) -> dict[int, int]:
+    first = step.number * plan.prompts_per_step
+    return {first + i: i for i in range(len(step.items))}
 
 
 def _report(
@@ -365,12 +441,17 @@ def _report(
     plan: Plan,
     agents: dict[str, str],
     jobs: dict[str, list[Job]],
-    results: dict[str, list[Result]],
-    stragglers: Counter[str],
+    recorder: _StepRecorder,
+    late: dict[str, list[Job]],
+    slots: dict[int, int],
     elapsed: float,
     timed_out: bool,
-    rollouts: list[dict[str, Any]],
 ) -> StepReport:
+    """The step's report over its trained groups (``slots``): the planned ones, or those dynamic
+    sampling kept."""
+    results = {env: [r for r in rs if r.job.task_index in slots] for env, rs in recorder.results.items()}
+    stragglers = Counter({env: sum(j.task_index in slots for j in js) for env, js in late.items()})
+    rollouts = [r for r in recorder.rollouts if r.get(TASK_INDEX) in slots]
     finished = sum(1 for rs in results.values() for r in rs if r.ok)
     envs = {
         env.name: _env_report(
@@ -380,7 +461,7 @@ def _report(
             (env.target_share, env.planned_share),
             step.shares[env.name].prompts,
             len(jobs[env.name]),
-            results[env.name],
+            results.get(env.name, []),
             stragglers[env.name],
             finished,
         )
@@ -398,7 +479,7 @@ def _report(
         sum(stragglers.values()),
         finished,
     )
-    return StepReport(step.number, elapsed, timed_out, envs, total, rollouts)
+    return StepReport(step.number, elapsed, timed_out, envs, total, rollouts, slots)
 
 
 async def run_steps(

@@ -263,6 +263,19 @@ def check_off_policy_options(
             fail(f"--vllm-server {problem}", EXIT_USAGE)
 
 
+def check_report_to(backends: tuple[str, ...]) -> None:
+    """Exits 2 naming a ``--report-to`` backend whose package is not installed."""
+    if not backends:
+        return
+    from transformers.integrations import get_available_reporting_integrations
+
+    available = get_available_reporting_integrations()
+    for backend in backends:
+        if backend not in available:
+            installed = ", ".join(available) or "none"
+            fail(f"--report-to {backend}: not installed (installed: {installed})", EXIT_USAGE)
+
+
 @train.command("run")
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
@@ -271,7 +284,9 @@ def check_off_policy_options(
     "--model", default="smollm2-135m", show_default=True, help="Known model name, GGUF file or HF folder."
 )
 @click.option("--steps", type=click.IntRange(min=1), default=24, show_default=True, help="Optimizer steps.")
-@click.option("--learning-rate", "--lr", type=float, default=1e-4, show_default=True)
+@click.option(
+    "--learning-rate", "--lr", type=float, default=1e-4, show_default=True, help="Constant learning rate."
+)
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="Sampling temperature.")
 @click.option(
     "--max-output-tokens", type=click.IntRange(min=1), default=None, help="Default: each row's own."
@@ -280,7 +295,13 @@ def check_off_policy_options(
 @click.option(
     "--config", "configs", multiple=True, help="Extra config file merged into the stack (repeatable)."
 )
-@click.option("--concurrency", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Rollouts in flight at once, shared out between the environments of a step.",
+)
 @click.option("--step-timeout", type=float, default=None, help="Seconds per step before stragglers are cut.")
 @click.option(
     "--threads", type=click.IntRange(min=1), default=None, help="Torch threads (default: all cores)."
@@ -379,6 +400,43 @@ def check_off_policy_options(
     "(use_vllm=True) before each step, instead of the in-process generation server. Needs a CUDA "
     "trainer and vllm installed; recipe in examples/train_grpo_vllm/.",
 )
+@click.option(
+    "--dynamic-sampling",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="MAX_EXTRA",
+    help="Replace prompt groups whose rewards all agree (no GRPO signal) with groups of extra prompts "
+    "from the same environment, so every environment keeps its exact quota; each environment draws at "
+    "most MAX_EXTRA extra prompts per step, and slots still without signal are counted as unfilled. "
+    "train_log.jsonl's dynamic_sampling field says, per environment and step, what was drawn, seen and "
+    "dropped. Default: off.",
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Save a checkpoint (weights, optimizer, RNG states, trainer state) to OUTPUT/trainer every N "
+    "steps, keeping the last two (each up to about 3x the float32 model: weights and Adam state). "
+    "Default: none.",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the run in OUTPUT from its last checkpoint: the same settings are required, steps "
+    "after the checkpoint are collected again with the same prompts and quotas, and every file holds "
+    "each step exactly once.",
+)
+@click.option(
+    "--report-to",
+    "report_to",
+    multiple=True,
+    metavar="BACKEND",
+    help="Send every log record (TRL's and polygym/<env>/... per environment: reward, tokens, "
+    "truncated_share, zero_variance_share, masked_share, validation_reward) to a transformers "
+    "integration: tensorboard, wandb, mlflow... (repeatable; the backend's package must be installed). "
+    "Default: none (trainer_log.jsonl holds the same records).",
+)
 def run(
     spec_path: Path,
     overrides: tuple[str, ...],
@@ -407,14 +465,21 @@ def run(
     off_policy: bool,
     is_cap: float | None,
     vllm_server: str | None,
+    dynamic_sampling: int | None,
+    checkpoint_every: int | None,
+    resume: bool,
+    report_to: tuple[str, ...],
 ) -> None:
     """Train a policy with GRPO (TRL) on the blend SPEC, on this machine, and compare validation.
 
     The policy is served from the weights being trained, so every rollout is on-policy; every
     environment of SPEC (eval_only ones too: watched, not trained) is validated before and after
-    (and every --validate-every steps, into validation.jsonl). Writes train_log.jsonl (reward per
-    environment and step), curves.png, validation_before/after files, comparison.json and
-    summary.json to --output. Needs `pip install -e '.[train]'` (see README "Training").
+    (and every --validate-every steps, into validation.jsonl). Writes run.json (the settings),
+    train_log.jsonl (reward per environment and step), trainer_log.jsonl (every log record, the
+    per-environment polygym/<env>/... values included), curves.png, validation_before/after files,
+    comparison.json and summary.json to --output; with --checkpoint-every, checkpoints that
+    --resume continues from. KEY=VALUE overrides the stack config. Needs `pip install -e
+    '.[train]'` (see README "Training").
     """
     passive_omp_threads()
     try:
@@ -422,6 +487,7 @@ def run(
         import trl  # noqa: F401
     except ImportError:
         fail("gym train run needs the training extra: pip install -e '.[train]'", EXIT_USAGE)
+    check_report_to(report_to)
     from polygym.cli.compare import print_comparison
     from polygym.training.models import ModelLoadError
     from polygym.training.run import RunSettings, train_run
@@ -455,6 +521,10 @@ def run(
         off_policy=off_policy,
         is_cap=DEFAULT_IS_CAP if is_cap is None else is_cap,
         vllm_server=vllm_server,
+        dynamic_sampling=dynamic_sampling,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        report_to=report_to,
     )
     out = console()
     try:

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from polygym.blend.dynamic_sampling import DynamicSampling
 from polygym.blend.mix import Blend, load_blend
 from polygym.blend.spec import BlendSpec
 from polygym.blend.stepwise import EnvStepReport, StepFiles, StepReport, StepSettings, prepare_step_files
@@ -223,13 +224,16 @@ class TokenStep:
 
     def log_lines(self) -> list[dict[str, Any]]:
         """One JSON-ready line per environment and the roll-up, with the step's wall time."""
-        extra = {
-            "elapsed_s": round(self.report.elapsed_s, 4),
-            "timed_out": self.report.timed_out,
-            "logprob_semantics": self.logprob_semantics,
-            "off_policy": self.off_policy,
-        }
-        return [{**stats.to_dict(), **extra} for stats in self.stats.values()]
+        semantics = self.logprob_semantics
+        return [
+            {
+                **stats.to_dict(),
+                **self.report.env_extra(env),
+                "logprob_semantics": semantics,
+                "off_policy": self.off_policy,
+            }
+            for env, stats in self.stats.items()
+        ]
 
 
 class MixedLogprobSemanticsError(ValueError):
@@ -338,6 +342,7 @@ class TokenCollector:
         allow_mixed_logprob_semantics: bool = False,
         max_masked_share: float | None = None,
         staleness: StalenessBound | None = None,
+        dynamic_sampling: DynamicSampling | None = None,
     ) -> None:
         self.blend = spec if isinstance(spec, Blend) else load_blend(spec)
         self.output = Path(output)
@@ -350,6 +355,7 @@ class TokenCollector:
         self.max_masked_share = max_masked_share
         """Each step checks it (``TokenStep.check_masked_share``); the caller decides to stop."""
         self.staleness = staleness or StalenessBound()
+        self.dynamic_sampling = dynamic_sampling
         self.client: ServerClient | None = None
         self._session: StackSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -431,7 +437,12 @@ class TokenCollector:
             await self._close_stream()
             assert self.client is not None
             settings = StepSettings(
-                _FOREVER, number, self.limits, self.step_timeout_s, dict(self.sampling or {})
+                _FOREVER,
+                number,
+                self.limits,
+                self.step_timeout_s,
+                dict(self.sampling or {}),
+                dynamic_sampling=self.dynamic_sampling,
             )
             self._stream = stream_token_steps(
                 self.client,

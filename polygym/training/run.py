@@ -20,13 +20,18 @@ What one run does, in order (every file lands in ``--output DIR``):
 4. Trains with TRL's ``GRPOTrainer`` through ``trl_adapter.PolygymGRPO``: each optimizer step is one
    step of the blend (exact per-environment quotas), collected through polygym's agents and
    verifiers. Each step's per-environment statistics go to ``train_log.jsonl`` (one line per
-   environment and step, plus ``_all``) and to the trainer's logs; TRL's own log lines (loss, KL,
-   clip ratios...) to ``trainer_log.jsonl``; every rollout to ``rollouts/train*.jsonl``.
+   environment and step, plus ``_all``) and to the trainer's log records (``env_metrics``: also to
+   any ``--report-to`` backend), which ``trainer_log.jsonl`` keeps with TRL's own (loss, KL, clip
+   ratios...); every rollout to ``rollouts/train*.jsonl``. With ``--dynamic-sampling`` groups
+   without reward variance are replaced from the same environment (``blend.dynamic_sampling``);
+   with ``--checkpoint-every`` the trainer saves checkpoints that ``--resume`` continues from
+   exactly (``checkpoint``).
 5. Validates again (``validation_after*``), compares the two runs per environment with
    ``gym eval compare``'s logic (``comparison.json``), and draws ``curves.png``: reward per step for
    each environment (with a moving average), the before/after validation rewards, and the
    realized share of each environment per step.
-6. Writes ``summary.json``: settings, phase timings, validation rewards and regressions.
+6. Writes ``summary.json``: settings, phase timings, validation rewards and regressions (the
+   settings are also written first, to ``run.json``: the record a resume is checked against).
 
 Nothing is saved of the weights unless ``--save-model`` is given (a 135M model is 540 MB in float32).
 """
@@ -43,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polygym.blend.dynamic_sampling import DynamicSampling
 from polygym.blend.mix import Blend, load_blend
 from polygym.blend.spec import BlendSpec, load_spec
 from polygym.blend.stepwise import environments_to_serve
@@ -54,7 +60,16 @@ from polygym.jsonl import append_jsonl, iter_jsonl, write_jsonl
 from polygym.row import ALL_ENVS, Job, make_job, reward
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
+from polygym.training.checkpoint import (
+    TRAINER_DIR,
+    check_resumable,
+    checkpoint_config,
+    keep_steps_before,
+    marker_callback,
+    start_fresh,
+)
 from polygym.training.collector import TokenCollector, TokenStep
+from polygym.training.env_metrics import validation_metrics
 from polygym.training.off_policy import DEFAULT_IS_CAP, OffPolicy, describe
 from polygym.training.policy_version import OnStale, StalenessBound
 from polygym.training.trl_adapter import GradientShare
@@ -110,6 +125,15 @@ class RunSettings:
     vllm_server: str | None = None
     """A vLLM server (``http://host:8000``) serving the policy, fed the trainer's weights by TRL's
     server mode (``use_vllm=True``); None: the in-process generation server."""
+    dynamic_sampling: int | None = None
+    """Extra prompts each environment may draw per step to replace groups without reward variance
+    (``blend.dynamic_sampling``); None: off."""
+    checkpoint_every: int | None = None
+    """Save a checkpoint every N optimizer steps (``checkpoint``); None: never."""
+    resume: bool = False
+    """Continue the run in ``output_dir`` from its last checkpoint, exactly (``checkpoint``)."""
+    report_to: tuple[str, ...] = ()
+    """``report_to`` integrations of transformers (tensorboard, wandb...) for every log record."""
     trainer_overrides: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,7 +242,9 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     began = time.perf_counter()
     timings: dict[str, float] = {}
     out = settings.output_dir
+    resume_from = check_resumable(out, settings.to_dict()) if settings.resume else None
     out.mkdir(parents=True, exist_ok=True)
+    start = resume_from[1] if resume_from is not None else 0
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
     spec = load_spec(settings.spec_path)
     blend = load_blend(spec)
@@ -237,13 +263,23 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     trainable = total if settings.train_layers is None else train_top_layers(model, settings.train_layers)
     echo(f"policy {settings.model}: {total / 1e6:.0f}M parameters, {trainable / 1e6:.0f}M trained")
 
+    if resume_from is None:
+        start_fresh(out, out / TRAINER_DIR, settings.to_dict())
+    else:
+        echo(f"resuming at step {start} from {resume_from[0]}")
     log_path = out / "train_log.jsonl"
-    log_path.write_text("")
+    keep_steps_before(log_path, start)
     steps: list[TokenStep] = []
 
     curves_path = out / "validation.jsonl"
-    curves_path.write_text("")
-    regressed: list[dict[str, Any]] = []
+    validated = keep_steps_before(curves_path, start)
+    before = {line["env"]: _mean(line) for line in validated if line["step"] == 0}
+    regressed = [
+        found
+        for step, now in validation_means(validated).items()
+        if step > 0
+        for found in regressions(step, before, now, settings.max_regression)
+    ]
 
     def check_regressions(step: int, now: dict[str, float]) -> bool:
         found = regressions(step, before, now, settings.max_regression)
@@ -268,6 +304,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
                 settings.max_output_tokens,
             )
             append_jsonl(validation_lines(step.step, rewards, validation), curves_path)
+            grpo.log_metrics(validation_metrics(mean_rewards(rewards)))
             took = time.perf_counter() - t
             echo(f"validation at step {step.step}: {_rewards(mean_rewards(rewards))} ({took:.0f}s)")
             if check_regressions(step.step, mean_rewards(rewards)) and settings.on_regression == "stop":
@@ -305,6 +342,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             f"{step.report.elapsed_s:.1f}s collect"
             + (f"; {masked} masked" if masked else "")
             + describe(step)
+            + _dynamic_note(step)
         )
 
     sampling: dict[str, Any] = {"temperature": settings.temperature}
@@ -324,21 +362,11 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             overwrite=True,
             max_masked_share=settings.max_masked_share,
             staleness=StalenessBound(bound, settings.on_stale, served.weight_sync.published),
+            dynamic_sampling=(
+                DynamicSampling(settings.dynamic_sampling) if settings.dynamic_sampling is not None else None
+            ),
         )
         with collector:
-            t = time.perf_counter()
-            before_rewards = validate(
-                collector,
-                validation,
-                out / "validation_before.jsonl",
-                settings.validation_limit,
-                settings.max_output_tokens,
-            )
-            append_jsonl(validation_lines(0, before_rewards, validation), curves_path)
-            before = mean_rewards(before_rewards)
-            timings["validation_before_s"] = time.perf_counter() - t
-            echo(f"validation before: {_rewards(before)} ({timings['validation_before_s']:.0f}s)")
-
             grpo = PolygymGRPO(
                 collector,
                 settings.steps,
@@ -347,6 +375,22 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
                 weight_sync=served.weight_sync,
                 off_policy=OffPolicy(settings.is_cap) if settings.off_policy else None,
             )
+            grpo.next_step = start  # the trainer skips the generation batches it trained already
+            if resume_from is None:
+                t = time.perf_counter()
+                before_rewards = validate(
+                    collector,
+                    validation,
+                    out / "validation_before.jsonl",
+                    settings.validation_limit,
+                    settings.max_output_tokens,
+                )
+                append_jsonl(validation_lines(0, before_rewards, validation), curves_path)
+                before = mean_rewards(before_rewards)
+                grpo.log_metrics(validation_metrics(before))
+                timings["validation_before_s"] = time.perf_counter() - t
+                echo(f"validation before: {_rewards(before)} ({timings['validation_before_s']:.0f}s)")
+
             trainer_settings = {
                 "learning_rate": settings.learning_rate,
                 "lr_scheduler_type": "constant",
@@ -355,14 +399,15 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
                 "max_grad_norm": 1.0,
                 **({"seed": settings.seed} if settings.seed is not None else {}),
                 **served.trainer_settings,
+                **checkpoint_config(settings.checkpoint_every),
+                "report_to": list(settings.report_to) or "none",
                 **settings.trainer_overrides,
             }
-            args = grpo.grpo_config(out / "trainer", **trainer_settings)
-            trainer = grpo.trainer(model, tokenizer, args)
+            args = grpo.grpo_config(out / TRAINER_DIR, **trainer_settings)
+            trainer = grpo.trainer(model, tokenizer, args, callbacks=[marker_callback()])
             t = time.perf_counter()
-            trainer.train()
+            trainer.train(resume_from_checkpoint=str(resume_from[0]) if resume_from is not None else None)
             timings["train_s"] = time.perf_counter() - t
-            write_jsonl(trainer.state.log_history, out / "trainer_log.jsonl")
 
             t = time.perf_counter()
             after_rewards = validate(
@@ -375,6 +420,9 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
             append_jsonl(validation_lines(trainer.state.global_step, after_rewards, validation), curves_path)
             after = mean_rewards(after_rewards)
             check_regressions(trainer.state.global_step, after)
+            if final := validation_metrics(after):
+                trainer.log(final)  # the last record: through report_to too
+            write_jsonl(trainer.state.log_history, out / "trainer_log.jsonl")
             timings["validation_after_s"] = time.perf_counter() - t
             echo(f"validation after: {_rewards(after)} ({timings['validation_after_s']:.0f}s)")
     if settings.save_model:
@@ -385,6 +433,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
     )
     (out / "comparison.json").write_text(json.dumps(comparison.to_dict(), indent=2))
     plot_curves(log_path, out / "curves.png", before, after, title=f"GRPO on {settings.model}")
+    lines = list(iter_jsonl(log_path))  # every step of the run, those before a resume too
     timings["total_s"] = time.perf_counter() - began
     summary = {
         "settings": settings.to_dict(),
@@ -404,54 +453,105 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         if generator is not None
         else {"vllm_server": settings.vllm_server},
         "staleness_bound": {"max_staleness": bound, "on_stale": settings.on_stale},
-        "stale_rollouts": sum(s.total.stale for s in steps),
-        "masked_rollouts": sum(s.total.masked for s in steps),
-        "non_contiguous_rollouts": sum(s.total.non_contiguous for s in steps),
-        "masked_share": masked_shares(steps),
-        "retemplated_turns": sum(s.total.retemplated_turns for s in steps),
+        **run_totals(lines),
+        "masked_share": masked_shares(lines),
         "masked_alarms": [
-            {"step": s.step, "env": env}
-            for s in steps
-            for env, stats in s.stats.items()
-            if env != ALL_ENVS and stats.masked_alarm
+            {"step": line["step"], "env": line["env"]}
+            for line in lines
+            if line["env"] != ALL_ENVS and line.get("masked_alarm")
         ],
-        "failed_rollouts": sum(s.total.failures for s in steps),
-        "truncated_rollouts": sum(s.total.truncated for s in steps),
-        "truncated_turns": sum(s.total.truncated_turns for s in steps),
-        "token_shares": token_shares(steps),
+        "token_shares": token_shares(lines),
+        "dynamic_sampling": dynamic_totals(lines) if settings.dynamic_sampling is not None else None,
+        "resumed_at_step": start if resume_from is not None else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(out, steps, comparison, timings, summary)
 
 
-def masked_shares(steps: Sequence[TokenStep]) -> dict[str, float | None]:
-    """Each environment's share of masked rollouts over the whole run (and ``_all``)."""
+def run_totals(lines: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Rollout counts over the run, from the ``_all`` lines of ``train_log.jsonl``."""
+    totals = [line for line in lines if line["env"] == ALL_ENVS]
+    names = {
+        "stale_rollouts": "stale",
+        "masked_rollouts": "masked",
+        "non_contiguous_rollouts": "non_contiguous",
+        "retemplated_turns": "retemplated_turns",
+        "failed_rollouts": "failures",
+        "truncated_rollouts": "truncated",
+        "truncated_turns": "truncated_turns",
+    }
+    return {key: sum(line[field] for line in totals) for key, field in names.items()}
+
+
+def masked_shares(lines: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """Each environment's share of masked rollouts over the run (and ``_all``), from
+    ``train_log.jsonl``'s lines."""
     counts: dict[str, list[int]] = {}
-    for step in steps:
-        for env, stats in step.stats.items():
-            total = counts.setdefault(env, [0, 0])
-            total[0] += stats.masked
-            total[1] += sum(1 for r in step.rollouts if env in (ALL_ENVS, r.env))
+    for line in lines:
+        total = counts.setdefault(line["env"], [0, 0])
+        total[0] += line["masked"]
+        total[1] += line["rollouts"]
     return {env: masked / n if n else None for env, (masked, n) in counts.items()}
 
 
-def token_shares(steps: Sequence[TokenStep]) -> dict[str, dict[str, float | None]]:
-    """Per environment over the whole run: planned share of the prompts, share of the trained
-    tokens and share of the loss weight (what the gradient followed)."""
-    envs = [env for env in (steps[0].stats if steps else {}) if env != ALL_ENVS]
-    trained = sum(s.total.generated_tokens for s in steps)
-    weighted = sum(s.stats[e].generated_tokens * s.stats[e].loss_weight for s in steps for e in envs)
+def token_shares(lines: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per environment over the whole run (``train_log.jsonl`` lines): planned share of the prompts,
+    share of the trained tokens and share of the loss weight (what the gradient followed)."""
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        if line["env"] != ALL_ENVS:
+            by_env.setdefault(line["env"], []).append(line)
+    trained = sum(line["generated_tokens"] for env_lines in by_env.values() for line in env_lines)
+    weighted = sum(
+        line["generated_tokens"] * line["loss_weight"] for env_lines in by_env.values() for line in env_lines
+    )
     out: dict[str, dict[str, float | None]] = {}
-    for env in envs:
-        tokens = sum(s.stats[env].generated_tokens for s in steps)
-        weight = sum(s.stats[env].generated_tokens * s.stats[env].loss_weight for s in steps)
+    for env, env_lines in by_env.items():
+        tokens = sum(line["generated_tokens"] for line in env_lines)
+        weight = sum(line["generated_tokens"] * line["loss_weight"] for line in env_lines)
         out[env] = {
-            "planned_share": steps[0].stats[env].planned_share,
+            "planned_share": env_lines[0]["planned_share"],
             "trained_tokens": tokens,
             "trained_token_share": tokens / trained if trained else None,
             "gradient_share": weight / weighted if weighted else None,
         }
     return out
+
+
+def dynamic_totals(lines: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Per environment (and ``_all``), dynamic sampling's draws summed over the run's steps."""
+    out: dict[str, dict[str, int]] = {}
+    for line in lines:
+        totals = out.setdefault(line["env"], {})
+        for key, value in (line.get("dynamic_sampling") or {}).items():
+            totals[key] = totals.get(key, 0) + value
+    return out
+
+
+def _dynamic_note(step: TokenStep) -> str:
+    draws = step.report.dynamic
+    if draws is None:
+        return ""
+    parts = [
+        f"{env} +{d.extra_prompts} drawn, {d.zero_variance_dropped} dropped"
+        + (f", {d.unfilled} unfilled (bound reached)" if d.unfilled else "")
+        for env, d in draws.items()
+        if d.extra_prompts or d.zero_variance_seen
+    ]
+    return f"; dynamic sampling: {', '.join(parts)}" if parts else ""
+
+
+def validation_means(lines: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """``validation.jsonl`` lines as ``{step: {env: mean reward}}``."""
+    out: dict[int, dict[str, float]] = {}
+    for line in lines:
+        out.setdefault(line["step"], {})[line["env"]] = _mean(line)
+    return out
+
+
+def _mean(line: dict[str, Any]) -> float:
+    value = line.get("reward_mean")
+    return float(value) if value is not None else math.nan
 
 
 def _rewards(rewards: dict[str, float]) -> str:

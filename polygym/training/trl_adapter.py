@@ -28,6 +28,10 @@ How a step maps onto TRL:
   planned share of the prompts (``advantages.plan_token_weights``); the step's total weight stays
   its token count. It needs a loss that sums over tokens (``loss_type`` dapo, bnpo, dr_grpo, cispo,
   luspo): "grpo"/"sapo" average each sequence first, which cancels a per-sequence weight.
+- **Dynamic sampling** (``TokenCollector(dynamic_sampling=...)``) may replace a planned group by
+  a group of another prompt of the same environment; ``StepReport.slots`` says which slot each
+  trained group fills, and ``batch`` lays the groups out by slot, so TRL's per-prompt grouping and
+  each environment's quota are unchanged.
 - **Rewards** come from the environments' verifiers: ``polygym_reward`` (the reward function to
   give TRL) returns them; TRL computes the group-relative advantages itself.
 - **Weights and versions** (``weight_sync``, ``policy_version``): a weight-sync hook runs once
@@ -38,9 +42,11 @@ How a step maps onto TRL:
   trains, with a truncated importance-sampling correction of the lag folded into ``env_mask``
   (``off_policy``); it needs a hook whose generator changes only at sync (``SnapshotWeights``, or
   TRL's vLLM server mode with ``TRLServerWeights``).
-- **Metrics**: every step's per-environment stats (``polygym/<env>/reward_mean``, ``.../realized_share``,
-  ``.../zero_variance_share``, ``.../masked`` ...) go into the trainer's logs next to TRL's own, and
-  ``on_step`` receives the full ``TokenStep`` (``gym train run`` writes it to JSONL).
+- **Metrics**: every step's per-environment values (``polygym/<env>/reward``, ``.../tokens``,
+  ``.../truncated_share``, ``.../zero_variance_share``, ``.../masked_share``, ``.../validation_reward``
+  ..., see ``env_metrics``) go into the trainer's log records next to TRL's own, hence to every
+  ``report_to`` backend; ``on_step`` receives the full ``TokenStep`` (``gym train run`` writes it to
+  JSONL).
 
 The policy the environments see must be the model being trained: serve it with
 ``generation_server.GenerationServerThread`` and point the stack's ``vllm_model`` at it (what
@@ -54,9 +60,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from polygym.blend.dynamic_sampling import task_stride
 from polygym.protocol import input_items, item_text
 from polygym.training.advantages import plan_token_weights
 from polygym.training.collector import TokenCollector, TokenStep
+from polygym.training.env_metrics import step_metrics
 from polygym.training.off_policy import OffPolicy, OneStepAhead, apply_is_correction, drain_callback
 from polygym.training.tokens import TokenRollout
 from polygym.training.weight_sync import WeightSync
@@ -130,7 +138,9 @@ class PolygymGRPO:
         self.plan = collector.blend.plan()
         self.sampler = collector.blend.sampler(self.plan)
         self.next_step = start_step
+        """The step the next generation batch collects (a resumed run sets it to its checkpoint's)."""
         self.history: list[TokenStep] = []
+        self._pending: dict[str, float] = {}
 
     @property
     def prompts_per_step(self) -> int:
@@ -157,11 +167,12 @@ class PolygymGRPO:
         from datasets import Dataset
 
         rows: dict[str, list[Any]] = {"prompt": [], ENV_COLUMN: [], TASK_COLUMN: []}
+        stride = task_stride(self.plan, self.collector.dynamic_sampling)
         for step in self.sampler.steps(self.start_step, self.steps):
             for i, item in enumerate(step.items):
                 rows["prompt"].append(prompt_messages(item.row))
                 rows[ENV_COLUMN].append(item.env)
-                rows[TASK_COLUMN].append(step.number * self.prompts_per_step + i)
+                rows[TASK_COLUMN].append(step.number * stride + i)
         return Dataset.from_dict(rows)
 
     def grpo_config(self, output_dir: str | Path, **overrides: Any) -> Any:
@@ -207,7 +218,10 @@ class PolygymGRPO:
         """A ``GRPOTrainer`` on this blend (``kwargs`` go to the trainer: callbacks, optimizers...).
 
         The environments' rewards always come first; ``extra_reward_funcs`` (TRL reward functions,
-        e.g. a length penalty) are added to them, weighted by ``args.reward_weights`` if set.
+        e.g. a length penalty) are added to them, weighted by ``args.reward_weights`` if set. With
+        dynamic sampling on, TRL still passes them the *planned* prompt of each slot, not the
+        replacement's (the completions are the real ones): a function that reads the prompt would
+        score a replaced group against the wrong one.
         """
         import os
 
@@ -290,12 +304,14 @@ class PolygymGRPO:
         outputs = self.batch(step, pad_id=pad if pad is not None else 0)
         if self.off_policy is not None and self.off_policy.is_cap is not None:
             apply_is_correction(outputs, step, trainer.model, self.temperature, self.off_policy.is_cap)
+        if self.on_step is not None:
+            self.on_step(step)  # may validate: its values join this step's record
         metrics = getattr(trainer, "_metrics", None)
         if isinstance(metrics, dict) and "train" in metrics:
-            for key, value in step.metrics(self.metrics_prefix).items():
+            values = {**step_metrics(step, self.metrics_prefix), **self._pending}
+            self._pending.clear()
+            for key, value in values.items():
                 metrics["train"][key].append(value)
-        if self.on_step is not None:
-            self.on_step(step)
         return outputs
 
     def _collect(self, number: int, trainer: Any) -> TokenStep:
@@ -312,6 +328,10 @@ class PolygymGRPO:
         if number + 1 < self.start_step + self.steps:
             self.ahead.prefetch(number + 1)
         return step
+
+    def log_metrics(self, values: dict[str, float]) -> None:
+        """Queue values (``env_metrics.validation_metrics``...) for the trainer's next log record."""
+        self._pending.update(values)
 
     def _expected_prompts(self, number: int) -> list[list[dict[str, str]]]:
         step = self.sampler.step(number)
@@ -331,7 +351,8 @@ class PolygymGRPO:
 
     def batch(self, step: TokenStep, pad_id: int = 0) -> dict[str, list[Any]]:
         """``rollout_func`` output for a collected step, in TRL's order (prompt-major, R each)."""
-        by_key = {(r.group_id, r.rollout_index): r for r in step.rollouts}
+        # a group's slot: the planned prompt it stands for (dynamic sampling may have replaced it)
+        by_key = {(step.report.slots[r.group_id], r.rollout_index): r for r in step.rollouts}
         out: dict[str, list[Any]] = {
             "prompt_ids": [],
             "completion_ids": [],
@@ -340,11 +361,10 @@ class PolygymGRPO:
             REWARD_FIELD: [],
             ENV_COLUMN: [],
         }
-        first_task = step.step * self.prompts_per_step
         envs = [item.env for item in self.sampler.step(step.step).items]
         for i in range(self.prompts_per_step):
             for j in range(self.responses_per_prompt):
-                rollout = by_key.get((first_task + i, j))
+                rollout = by_key.get((i, j))
                 if rollout is None or not rollout.completion_ids:
                     self._placeholder(out, pad_id, envs[i], rollout)
                     continue

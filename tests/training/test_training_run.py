@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+import click
 from click.testing import CliRunner
 
 from polygym.cli import gym
@@ -82,6 +83,10 @@ def test_gym_train_run_writes_every_file(tmp_path: Path) -> None:
     assert all(line["realized_share"] == 0.5 for line in lines if line["env"] != "_all")
     trainer_log = list(iter_jsonl(out / "trainer_log.jsonl"))
     assert any("polygym/mcqa/reward_mean" in line for line in trainer_log)
+    # validation values in the log records (what --report-to backends receive): before, every step, after
+    validated = [line for line in trainer_log if "polygym/example_single_tool_call/validation_reward" in line]
+    assert [line["step"] for line in validated] == [1, 2, 2]  # step 0's and 1's land in the next records
+    assert all("polygym/guess_number/reward" in line for line in trainer_log if "loss" in line)
     for phase in ("before", "after"):
         metrics = json.loads((out / f"validation_{phase}_aggregate_metrics.json").read_text())
         assert {m["agent_ref"]["name"] for m in metrics} == {
@@ -145,7 +150,12 @@ def test_max_regression_flags_are_checked_and_drops_are_found(tmp_path: Path) ->
     assert bad.exit_code == 2 and "--max-regression 'mcqa': expected ENV=DELTA" in bad.output
     unknown = CliRunner().invoke(gym, [*base, "--max-regression", "mcq=0.1"])
     assert unknown.exit_code == 2 and "--max-regression: no environment mcq in" in unknown.output
-    before = {"a": 0.5, "b": 0.5, "c": float("nan")}
+    from transformers.integrations import get_available_reporting_integrations
+
+    if "tensorboard" not in get_available_reporting_integrations():
+        missing = CliRunner().invoke(gym, [*base, "--report-to", "tensorboard"])
+        assert missing.exit_code == 2 and "--report-to tensorboard: not installed" in missing.output
+        before = {"a": 0.5, "b": 0.5, "c": float("nan")}
     found = regressions(3, before, {"a": 0.3, "b": 0.45, "c": 0.0}, {"a": 0.1, "b": 0.1, "c": 0.0})
     assert found == [{"step": 3, "env": "a", "before": 0.5, "now": 0.3, "drop": pytest.approx(0.2)}]
 
@@ -215,3 +225,13 @@ def test_max_masked_share_alarm_warns_records_and_stops(
     assert any(line.get("polygym/mcqa/masked_alarm") == 1.0 for line in trainer_log)
     bad = CliRunner().invoke(gym, [*args[:6], "--max-masked-share", "1.5"])
     assert bad.exit_code == 2 and "--max-masked-share" in bad.output
+
+
+def test_gym_train_run_help_documents_every_option() -> None:
+    from polygym.cli.train import run
+
+    undocumented = [p.name for p in run.params if isinstance(p, click.Option) and not p.help]
+    assert undocumented == []
+    help_text = CliRunner().invoke(gym, ["train", "run", "--help"], terminal_width=200).output
+    for flag in ("--dynamic-sampling", "--checkpoint-every", "--resume", "--report-to", "--seed"):
+        assert flag in help_text

@@ -22,8 +22,10 @@ pytest.importorskip("trl")
 
 import torch
 
+from polygym.blend.dynamic_sampling import DynamicSampling
 from polygym.blend.spec import parse_spec
 from polygym.training.collector import TokenCollector, TokenStep
+from polygym.training.env_metrics import validation_metrics
 from polygym.training.generation_server import GenerationServerThread, HFGenerator
 from polygym.training.models import tiny_policy, train_top_layers
 from polygym.training.run import plot_curves, stack_config
@@ -71,6 +73,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 "tokenizer": tokenizer,
                 "generator": generator,
                 "collector": collector,
+                "config": config,
             }
 
 
@@ -204,3 +207,43 @@ def test_plan_normalization_trains_and_refuses_a_per_sequence_loss(setup: dict[s
     assert sum(shares) == pytest.approx(1.0) and math.isfinite(log["loss"])
     with pytest.raises(ValueError, match="gradient_share must be one of"):
         PolygymGRPO(collector, steps=1, gradient_share="equal")  # type: ignore[arg-type]
+
+
+def test_every_log_record_carries_per_environment_metrics_for_report_to(setup: dict[str, Any]) -> None:
+    """What a report_to backend (W&B, TensorBoard...) receives: a callback's ``on_log`` sees exactly the
+    records they see. With dynamic sampling on, its draws are there too, and the batch keeps its layout."""
+    from transformers import TrainerCallback
+
+    class Capture(TrainerCallback):
+        def __init__(self) -> None:
+            self.logs: list[dict[str, Any]] = []
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            self.logs.append(dict(logs or {}))
+
+    capture, seen = Capture(), list[TokenStep]()
+    blend = setup["collector"].blend
+    sampling = {"max_output_tokens": 4, "temperature": 1.0}
+    output = setup["tmp"] / "dynamic.jsonl"
+    dynamic = DynamicSampling(1)
+    with TokenCollector(
+        blend, output, stack_config=setup["config"], sampling=sampling, dynamic_sampling=dynamic
+    ) as collector:
+        grpo = PolygymGRPO(collector, steps=1, on_step=seen.append)
+        grpo.log_metrics(validation_metrics({"mcqa": 0.25, "guess_number": math.nan}))
+        trainer = grpo.trainer(setup["model"], setup["tokenizer"], grpo.grpo_config(setup["tmp"] / "t2"))
+        trainer.add_callback(capture)
+        trainer.train()
+    record = capture.logs[0]
+    names = ("reward", "tokens", "generated_tokens", "truncated_share", "zero_variance_share", "masked_share")
+    for env in ("mcqa", "guess_number", "all"):
+        for name in (*names, "dynamic/extra_prompts", "dynamic/zero_variance_dropped", "dynamic/unfilled"):
+            assert f"polygym/{env}/{name}" in record, (env, name)
+    assert record["polygym/mcqa/validation_reward"] == 0.25
+    assert "polygym/guess_number/validation_reward" not in record  # no mean, no point
+    assert "loss" in record and {**record, "step": 1} == trainer.state.log_history[0]
+    step = seen[0]
+    assert step.report.dynamic is not None
+    assert record["polygym/mcqa/dynamic/extra_prompts"] == step.report.dynamic["mcqa"].extra_prompts
+    batch = grpo.batch(step)
+    assert batch["polygym_env"] == ["mcqa"] * 3 + ["guess_number"] * 3  # one group per planned slot
