@@ -132,6 +132,15 @@ def _numbered(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         yield f"{path} row {number}", row
 
 
+def stored_row(failure: dict[str, Any]) -> dict[str, Any]:
+    """The row a failure record keeps: polygym's under ``row``; a NeMo Gym failure row is the result
+    itself (a ``judge_failed`` one with its response), less its ``_ng_failure_*`` diagnostics."""
+    row = failure.get("row")
+    if isinstance(row, dict):
+        return row
+    return {k: v for k, v in failure.items() if not k.startswith("_ng_failure_")}
+
+
 def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -> ReverifyPlan:
     """The rows to reverify, in file order (the rollouts', then the failures'), one per key."""
     if not rollouts.is_file():
@@ -151,8 +160,8 @@ def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -
         failed = judge_failed(row)
         add(where, row, verify=failed or not failed_only, old=None if failed else rows.reward(row))
     for where, failure in _numbered(RunFiles(rollouts).failures):
-        stored = failure.get("row")
-        if not isinstance(stored, dict) or "response" not in stored:
+        stored = stored_row(failure)
+        if "response" not in stored:
             plan.no_response += 1
             continue
         add(where, {**stored, "agent_ref": failure.get("agent_ref", stored.get("agent_ref"))}, True, None)

@@ -36,7 +36,7 @@ from polygym.net import failure
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
-from polygym.row import ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.row import ROLLOUT_INDEX, TASK_INDEX, Job, carried
 
 DEFAULT_CONCURRENCY = 64
 MAX_CONCURRENCY = 16_384
@@ -114,6 +114,7 @@ def nemo_gym_failure_fields(error_class: str, message: str) -> dict[str, Any]:
 def failure_record(job: Job, error_class: str, message: str, latency_s: float) -> dict[str, Any]:
     """A ``_failures.jsonl`` line: enough to find the row, see what broke, and rerun it."""
     return {
+        **carried(job.row),
         "agent_ref": {"type": AGENT_KIND, "name": job.agent},
         TASK_INDEX: job.task_index,
         ROLLOUT_INDEX: job.rollout_index,
@@ -193,7 +194,7 @@ class _Runner:
         except Exception as exc:  # a bad reply must become a recorded failure, not an abort
             return self._failed(job, began, type(exc).__name__, str(exc))
         self.down.discard(job.agent)
-        rollout.setdefault("agent_ref", job.row["agent_ref"])
+        rollout.update(carried(job.row))
         rollout[TASK_INDEX] = job.task_index
         rollout[ROLLOUT_INDEX] = job.rollout_index
         return Result(job, time.perf_counter() - began, rollout=rollout)

@@ -62,4 +62,6 @@ def test_judge_failures_are_failures_and_resume_redoes_them(tmp_path: Path) -> N
     rows = list(iter_jsonl(files.output))
     assert sorted(r["_ng_task_index"] for r in rows) == [0, 1, 2, 3, 4]
     assert {(r["reward"], r["judge_verdict"]) for r in rows} == {(0.0, False)}
+    assert {r["_ng_attempt_index"] for r in rows} == {1}  # one failed attempt before, as NeMo Gym counts
+    assert all("_ng_attempt_index" not in r for r in iter_jsonl(files.materialized))
     assert list(iter_jsonl(files.failures)) == []
