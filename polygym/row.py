@@ -51,6 +51,16 @@ PASS_THRESHOLD = 1.0
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens")
 
 
+FAILURE_CLASS_FIELDS = ("error_class", "_ng_failure_class")
+"""Where a failure says what kind it is: polygym's ``_failures.jsonl`` field, then NeMo Gym's."""
+
+
+def failure_class(record: Mapping[str, Any]) -> str:
+    """The class of a failure record of either project (``?`` when it names none)."""
+    found = next((record[f] for f in FAILURE_CLASS_FIELDS if isinstance(record.get(f), str)), "?")
+    return str(found)
+
+
 def carried(row: Mapping[str, Any]) -> dict[str, Any]:
     """The ``CARRIED_FIELDS`` of ``row`` that it has."""
     return {key: row[key] for key in CARRIED_FIELDS if key in row}

@@ -46,7 +46,7 @@ from polygym.net import budget
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
-from polygym.row import ALL_ENVS, ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.row import ALL_ENVS, FAILURE_CLASS_FIELDS, ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.servers.judge import JUDGE_FAILED
 from polygym.suggest import unknown_name_message
 
@@ -54,8 +54,6 @@ REVERIFIED = "_reverified.jsonl"
 DIFF = "_reverify_diff.json"
 RESULT_FIELDS = ("response", "reward")
 """Fields of a stored rollout that ``/verify`` produced or scored, left out of a rebuilt input row."""
-FAILURE_CLASS_FIELDS = ("error_class", "_ng_failure_class")
-"""Where a rollout row says its verification failed (polygym's failure records, NeMo Gym's rows)."""
 UNSUPPORTED = "unsupported"
 """A resources server's ``GET /reverify_mode`` answer (NeMo Gym) when its rewards cannot be recomputed."""
 RELEASE_TIMEOUT_S = 10.0
