@@ -14,7 +14,6 @@ NeMo Gym's tools run in the environment of ``tests/nemo_gym_tools.py`` (built on
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.view.index import open_index
 from polygym.view.runs import discover
-from tests.conftest import ROOT, gym_command
+from tests.conftest import ROOT, run_gym
 from tests.nemo_gym_tools import run_nemo_gym, run_nemo_gym_code, tools_python
 
 ENV = "example_single_tool_call"
@@ -45,9 +44,7 @@ def polygym_run(tmp_path: Path) -> RunFiles:
     """Five rows, two repeats each, collected by polygym."""
     data = ROOT / "resources_servers" / ENV / "data" / "example.jsonl"
     args = ("--input", str(data), "--output", "pg.jsonl", "--num-repeats", "2")
-    done = subprocess.run(
-        gym_command("eval", "run", *STACK, *args), cwd=tmp_path, capture_output=True, text=True, timeout=300
-    )
+    done = run_gym("eval", "run", *STACK, *args, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     return RunFiles(tmp_path / "pg.jsonl")
 
@@ -216,13 +213,7 @@ def test_our_tools_read_nemo_gyms_files(tmp_path: Path, ng_python: Path) -> None
     assert made.returncode == 0, made.stderr[-3000:]
     nemo = RunFiles(tmp_path / "ng.jsonl")
 
-    compare = subprocess.run(
-        gym_command("eval", "compare", "pg.jsonl", "ng.jsonl", "--format", "json"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    compare = run_gym("eval", "compare", "pg.jsonl", "ng.jsonl", "--format", "json", cwd=tmp_path)
     assert compare.returncode == 0, compare.stderr
     report = json.loads(compare.stdout)
     assert AGENT in json.dumps(report)
@@ -235,13 +226,7 @@ def test_our_tools_read_nemo_gyms_files(tmp_path: Path, ng_python: Path) -> None
         "judge_failed",
     ]
 
-    reverify = subprocess.run(
-        gym_command("eval", "reverify", *STACK, "--rollouts", "ng.jsonl", "--failed-only"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    reverify = run_gym("eval", "reverify", *STACK, "--rollouts", "ng.jsonl", "--failed-only", cwd=tmp_path)
     assert reverify.returncode == 0, reverify.stderr
     out = list(iter_jsonl(tmp_path / "ng_reverified.jsonl"))
     assert len(out) == 9  # 8 carried, the judge_failed one verified again
