@@ -5,6 +5,12 @@ person looks at first), ``group_level_metrics`` (one row per task) and ``repeat_
 (one row per rollout index, when there are several: how much a whole pass over the data varies).
 pass@k uses the unbiased estimator 1 - C(n-c, k) / C(n, k) over the n rollouts of each task, which
 is what papers report; the naive "any of the first k" estimate is biased and depends on rollout order.
+
+The statistics NeMo Gym also computes are computed as it does, so the two files agree on the same
+rollouts: ``std/<field>`` is the *sample* standard deviation (n-1; 0 for one value), fields whose
+name starts with ``_`` (indices, collector stamps) are not summarised, and a rollout whose verifier
+set ``mask_sample`` (its reward measures a broken environment, not the policy) is left out of every
+quality statistic and counted in ``coverage/*`` instead.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from polygym.row import INDEX_FIELDS, PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward, usage
+from polygym.row import PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward, usage
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -36,12 +42,20 @@ def k_values(n: int) -> list[int]:
     return ks
 
 
+MASK_SAMPLE = "mask_sample"
+"""A verifier's flag (NeMo Gym's ``BaseVerifyResponse`` field): this reward is not a measurement."""
+
+
 def numeric_fields(rollout: dict[str, Any]) -> dict[str, float]:
-    """Top-level numeric verifier fields plus token usage, the values worth summarising."""
+    """Top-level numeric verifier fields plus token usage, the values worth summarising; ``_``
+    fields (``_ng_task_index``, ``_pg_step``...) are bookkeeping, and ``mask_sample`` a flag."""
     values = {
         key: float(value)
         for key, value in rollout.items()
-        if key not in INDEX_FIELDS and isinstance(value, int | float) and math.isfinite(value)
+        if not key.startswith("_")
+        and key != MASK_SAMPLE
+        and isinstance(value, int | float)
+        and math.isfinite(value)
     }
     if "reward" in rollout:
         values["reward"] = reward(rollout)  # booleans and bad values read as everywhere else
@@ -54,7 +68,7 @@ def numeric_fields(rollout: dict[str, Any]) -> dict[str, float]:
 def describe(values: list[float]) -> dict[str, float]:
     return {
         "mean": statistics.fmean(values),
-        "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
         "min": min(values),
         "max": max(values),
         "median": statistics.median(values),
@@ -159,34 +173,56 @@ def repeat_metrics(rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def coverage(rollouts: list[dict[str, Any]], measured: list[dict[str, Any]]) -> dict[str, int]:
+    """How much of ``rollouts`` the quality statistics come from (NeMo Gym's ``coverage/*`` keys);
+    empty when nothing was masked, so an unmasked run's metrics gain no keys."""
+    masked = len(rollouts) - len(measured)
+    if not masked:
+        return {}
+    measured_tasks = {r.get(TASK_INDEX, 0) for r in measured}
+    return {
+        "coverage/measured_rollouts": len(measured),
+        "coverage/masked_rollouts": masked,
+        "coverage/measured_tasks": len(measured_tasks),
+        "coverage/fully_masked_tasks": len({r.get(TASK_INDEX, 0) for r in rollouts} - measured_tasks),
+    }
+
+
 def aggregate(
     rollouts: list[dict[str, Any]], pass_threshold: float = PASS_THRESHOLD, answer_field: str | None = None
 ) -> dict[str, Any]:
-    """The metrics block of one agent: ``agent_metrics``, ``key_metrics``, ``group_level_metrics``."""
-    if not rollouts:
+    """The metrics block of one agent: ``agent_metrics``, ``key_metrics``, ``group_level_metrics``.
+
+    ``num_rollouts`` and ``num_repeats`` count every rollout that ran; the rest is computed from the
+    rollouts not masked (``mask_sample``), and none of it when every one was.
+    """
+    measured = [r for r in rollouts if not r.get(MASK_SAMPLE)]
+    counts = {"num_rollouts": len(rollouts), **coverage(rollouts, measured)}
+    if not measured:
         return {
-            "agent_metrics": {"num_rollouts": 0},
-            "key_metrics": {"num_rollouts": 0},
+            "agent_metrics": dict(counts),
+            "key_metrics": dict(counts),
             "group_level_metrics": [],
             "repeat_level_metrics": [],
         }
     agent_metrics: dict[str, Any] = {"num_rollouts": len(rollouts), "num_tasks": 0}
-    agent_metrics.update(field_statistics(rollouts))
-    summary, rows = group_metrics(rollouts, pass_threshold, answer_field)
+    agent_metrics.update(field_statistics(measured))
+    summary, rows = group_metrics(measured, pass_threshold, answer_field)
     agent_metrics["num_tasks"] = len(rows)
     agent_metrics.update(summary)
     agent_metrics["num_repeats"] = len({r.get(ROLLOUT_INDEX, 0) for r in rollouts})
+    agent_metrics.update(counts)
     key_metrics = {
         key: value
         for key, value in agent_metrics.items()
         if key in ("num_rollouts", "mean/reward", "std/reward", "mean/usage/total_tokens")
-        or key.startswith(("pass@", "majority@"))
+        or key.startswith(("pass@", "majority@", "coverage/"))
     }
     return {
         "agent_metrics": agent_metrics,
         "key_metrics": key_metrics,
         "group_level_metrics": rows,
-        "repeat_level_metrics": repeat_metrics(rollouts),
+        "repeat_level_metrics": repeat_metrics(measured),
     }
 
 

@@ -196,6 +196,22 @@ ZERO_USAGE_DETAILS = {
 }
 # Create parameters an OpenAI Response repeats; NeMo Gym's verify request requires them.
 ECHOED_PARAMS: dict[str, Any] = {"tools": [], "tool_choice": "auto", "parallel_tool_calls": True}
+INCOMPLETE_REASONS = frozenset({"max_output_tokens", "content_filter"})
+"""The ``incomplete_details.reason`` values every OpenAI ``Response`` accepts (the openai package
+NeMo Gym 0.7 pins and the newest one): reasons of the *model's* own stop. Any other value is a 422
+from NeMo Gym's verifiers."""
+TERMINATION_REASON = "ng_termination_reason"
+"""``metadata`` key of a Response saying why the *agent* ended the rollout early (the key NeMo Gym's
+simple_agent writes); a string, as OpenAI's ``metadata`` requires."""
+STEP_LIMIT = "max_steps"
+"""The termination reason of an agent that ran out of turns."""
+
+
+def ended_early(reason: str) -> dict[str, Any]:
+    """The fields of a Response an agent cut short (``reason``: e.g. ``STEP_LIMIT``): ``status``
+    incomplete, the reason in ``metadata``. Not in ``incomplete_details``, whose reasons are the
+    model's own (``INCOMPLETE_REASONS``)."""
+    return {"status": "incomplete", "metadata": {TERMINATION_REASON: reason}}
 
 
 def complete_response(response: dict[str, Any], params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -223,7 +239,19 @@ def complete_response(response: dict[str, Any], params: dict[str, Any] | None = 
     given_usage = done.get("usage")
     usage: dict[str, Any] = given_usage if isinstance(given_usage, dict) else {}
     done["usage"] = {**usage, **sum_usage([usage]), **complete_usage_details(usage)}
-    return done
+    return _valid_incomplete_details(done)
+
+
+def _valid_incomplete_details(response: dict[str, Any]) -> dict[str, Any]:
+    """``response`` with an ``incomplete_details.reason`` outside ``INCOMPLETE_REASONS`` (an agent's
+    own, such as ``max_steps``) moved to ``metadata[TERMINATION_REASON]``, so it still verifies."""
+    details = response.get("incomplete_details")
+    reason = details.get("reason") if isinstance(details, dict) else None
+    if reason is None or reason in INCOMPLETE_REASONS:
+        return response
+    given = response.get("metadata")
+    metadata = given if isinstance(given, dict) else {}
+    return {**response, "incomplete_details": None, "metadata": {**metadata, TERMINATION_REASON: str(reason)}}
 
 
 def complete_usage_details(usage: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -3,6 +3,8 @@
 A rollout row (DESIGN §3) is the dataset row as sent (``responses_create_params``, ``agent_ref``,
 verifier fields) plus ``response``, ``reward``, the verifier's fields and NeMo Gym's indices
 ``_ng_task_index`` / ``_ng_rollout_index``; step-wise collection adds ``_pg_step`` and ``_pg_env``.
+Like NeMo Gym 0.7's collector, every result (rollout or failure) also carries the ``CARRIED_FIELDS``
+of the row as sent, whatever its agent answered, and a resumed retry says which attempt it is.
 Every module that writes or reads rows takes these names, the reward and the token count from
 here, so that a metrics file, a step log and a trainer never disagree about the same rollout.
 
@@ -31,6 +33,12 @@ TASK_INDEX = "_ng_task_index"
 ROLLOUT_INDEX = "_ng_rollout_index"
 """0..n-1 within a task."""
 INDEX_FIELDS = (TASK_INDEX, ROLLOUT_INDEX)
+ATTEMPT_INDEX = "_ng_attempt_index"
+"""How many failed attempts of the rollout came before it; set only on a retry (``--resume``)."""
+ROLLOUT_ID = "_ng_rollout_id"
+"""A rollout id the row gives explicitly (NeMo Gym 0.7 keys captured model calls by it)."""
+CARRIED_FIELDS = ("agent_ref", "task_source", "skills_ref", ATTEMPT_INDEX, ROLLOUT_ID)
+"""Fields of the row as sent that NeMo Gym 0.7's collector copies onto the result; so do we."""
 STEP_FIELD = "_pg_step"
 """Training step of a rollout collected step by step."""
 ENV_FIELD = "_pg_env"
@@ -41,6 +49,21 @@ ALL_ENVS_LABEL = "(all)"
 """How tables print the roll-up."""
 PASS_THRESHOLD = 1.0
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens")
+
+
+FAILURE_CLASS_FIELDS = ("error_class", "_ng_failure_class")
+"""Where a failure says what kind it is: polygym's ``_failures.jsonl`` field, then NeMo Gym's."""
+
+
+def failure_class(record: Mapping[str, Any]) -> str:
+    """The class of a failure record of either project (``?`` when it names none)."""
+    found = next((record[f] for f in FAILURE_CLASS_FIELDS if isinstance(record.get(f), str)), "?")
+    return str(found)
+
+
+def carried(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``CARRIED_FIELDS`` of ``row`` that it has."""
+    return {key: row[key] for key in CARRIED_FIELDS if key in row}
 
 
 def env_label(env: str) -> str:

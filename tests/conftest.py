@@ -7,6 +7,7 @@ registered — never by sleeping for a fixed time.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
+from polygym.jsonl import iter_jsonl
 from polygym.stack import records as stacks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +48,11 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
 
 def gym_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "polygym", *args]
+
+
+def run_gym(*args: str, cwd: Path = ROOT, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``gym ARGS`` as a user types it, in ``cwd``; its exit status and output for the test to check."""
+    return subprocess.run(gym_command(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 class StackProcess:
@@ -120,6 +127,53 @@ def gone(pid: int) -> bool:
         return True
 
 
+def row_keys(path: Path) -> list[tuple[int, int]]:
+    """The (task, rollout) keys of a rollouts file, in file order."""
+    return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in iter_jsonl(path)]
+
+
+def interrupt_gym(
+    args: list[str], cwd: Path, output: Path, rows: int, sig: signal.Signals
+) -> tuple[int, str]:
+    """Start ``gym ARGS``, send it ``sig`` once ``output`` holds ``rows`` rows; (exit status, stderr)."""
+    proc = subprocess.Popen(
+        gym_command(*args), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert wait_until(lambda: output.exists() and len(row_keys(output)) >= rows, 60)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, stderr
+
+
+JUDGE_CONFIG = """
+judge_model:
+  responses_api_models:
+    scripted_model:
+      entrypoint: app.py
+      script: [{{answer: "{answer}"}}]
+reference_judge:
+  resources_servers:
+    reference_judge:
+      judge_model_server: {{type: responses_api_models, name: judge_model}}
+"""
+"""``reference_judge`` whose judge model always answers ``{answer}`` (format it)."""
+JUDGE_DATA = ROOT / "resources_servers/reference_judge/data/example.jsonl"
+JUDGE_SERVE = [
+    "--model-type",
+    "scripted_model",
+    "--resources-server",
+    "reference_judge",
+    "--config",
+    "judge.yaml",
+]
+"""The selectors of a judged stack, with ``judge.yaml`` (``JUDGE_CONFIG``) in the working directory."""
+
+
 def wait_until(predicate: Any, timeout_s: float = 15.0, interval_s: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -127,3 +181,56 @@ def wait_until(predicate: Any, timeout_s: float = 15.0, interval_s: float = 0.05
             return True
         time.sleep(interval_s)
     return predicate()
+
+
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+"""A Responses function tool, the one ``WEATHER_RULE`` calls."""
+WEATHER_RULE = {
+    "name": "weather",
+    "when_tools": ["get_weather"],
+    "match": r"weather in (?P<city>[A-Z][^?.,!\n]*)[?.,!]",
+    "calls": [{"tool": "get_weather", "arguments": {"city": "{city}"}}],
+    "answer": "It is {last_output} in {city}.",
+}
+"""A scripted model's rule: "weather in X?" with the tool offered -> call get_weather(X), then answer."""
+
+
+async def sdk_weather_round_trip(sdk: Any) -> Any:
+    """A tool call, its output and the answer through both of the OpenAI SDK's dialects (Responses,
+    then Chat Completions), against a model server whose policy follows ``WEATHER_RULE``. Returns the
+    first Responses reply for the caller's own checks."""
+    input_: list[dict[str, Any]] = [{"role": "user", "content": "What's the weather in Buenos Aires?"}]
+    first = await sdk.responses.create(model="whatever", input=input_, tools=[WEATHER_TOOL])
+    (call,) = first.output
+    assert (call.type, call.name, json.loads(call.arguments)) == (
+        "function_call",
+        "get_weather",
+        {"city": "Buenos Aires"},
+    )
+    input_ += [
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "warm"},
+    ]
+    second = await sdk.responses.create(model="whatever", input=input_, tools=[WEATHER_TOOL])
+    assert second.output_text == "It is warm in Buenos Aires."
+
+    chat_tool = {"type": "function", "function": {k: v for k, v in WEATHER_TOOL.items() if k != "type"}}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "weather in Oslo?"}]
+    chat = await sdk.chat.completions.create(model="whatever", messages=messages, tools=[chat_tool])
+    assert chat.choices[0].finish_reason == "tool_calls"
+    tool_call = chat.choices[0].message.tool_calls[0]
+    assert json.loads(tool_call.function.arguments) == {"city": "Oslo"}
+    messages += [
+        chat.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": tool_call.id, "content": "snowing"},
+    ]
+    chat = await sdk.chat.completions.create(model="whatever", messages=messages, tools=[chat_tool])
+    assert (chat.choices[0].finish_reason, chat.choices[0].message.content) == (
+        "stop",
+        "It is snowing in Oslo.",
+    )
+    return first

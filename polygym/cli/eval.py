@@ -6,10 +6,10 @@ import asyncio
 import os
 import shlex
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import orjson
@@ -64,6 +64,8 @@ from polygym.stack.launcher import BACKENDS, Stack, SubprocessBackend
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 @click.group(cls=SuggestingGroup)
 def eval_group() -> None:
@@ -112,6 +114,19 @@ def discover_head(head_url: str | None) -> str:
 
 
 MASKED_NOTE = "(secret values masked: pass them again)"
+
+
+def stack_options(func: F) -> F:
+    """The options choosing the stack a command runs against (``stack_target`` reads them): start one
+    (``--backend`` and the placement options) or join a running one (``--no-serve``, ``--head-url``)."""
+    func = placement_options(func)
+    func = click.option(
+        "--backend", type=click.Choice(sorted(BACKENDS)), default="inline", show_default=True
+    )(func)
+    func = click.option(
+        "--head-url", default=None, help="Head server of the running stack (with --no-serve)."
+    )(func)
+    return click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")(func)
 
 
 def resume_command(argv: Sequence[str] | None = None) -> str:
@@ -209,10 +224,7 @@ POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
     show_default=True,
     help="Rollouts of an environment seen before it can be quarantined.",
 )
-@click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")
-@click.option("--head-url", default=None, help="Head server of the running stack (with --no-serve).")
-@click.option("--backend", type=click.Choice(sorted(BACKENDS)), default="inline", show_default=True)
-@placement_options
+@stack_options
 @click.option("--temperature", type=float, default=None, help="Override every row's temperature.")
 @click.option("--top-p", type=float, default=None, help="Override every row's top_p.")
 @click.option("--max-output-tokens", type=int, default=None, help="Override every row's max_output_tokens.")
@@ -685,10 +697,7 @@ def _num(value: Any) -> str:
 @click.option(
     "--disable-aggregation", is_flag=True, help="Do not compute or write the aggregate metrics file."
 )
-@click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")
-@click.option("--head-url", default=None, help="Head server of the running stack (with --no-serve).")
-@click.option("--backend", type=click.Choice(sorted(BACKENDS)), default="inline", show_default=True)
-@placement_options
+@stack_options
 @click.pass_context
 def reverify_command(ctx: click.Context, **opts: Any) -> None:
     """Recompute the rewards of stored rollouts through their environments' /verify, into new files.

@@ -26,7 +26,7 @@ from polygym.collect.stack_watch import StackHealth
 from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
-from polygym.row import Job
+from polygym.row import ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job
 
 REDUCED_SCALARS = (str, int, float, bool, type(None))
 
@@ -132,6 +132,7 @@ async def run_eval(
     """
     plan = jobs if isinstance(jobs, JobPlan) else JobPlan.from_jobs(jobs)
     with RunLock(files):
+        failed = attempts(files) if resume else Counter()  # before prepare clears the failures
         prepare(files, resume, overwrite, fingerprint=plan.fingerprint())
         check_stack(files, await read_identity(client), allow_stack_change)
         done = {key for key in done_keys(files.output) if plan.agent_of(key) is not None} if resume else set()
@@ -144,7 +145,8 @@ async def run_eval(
             JsonlAppender(files.materialized) as inputs,
             Progress(dict(plan.totals()), dict(already), progress_interval_s, summary.health) as progress,
         ):
-            todo = _dispatch(plan, done, inputs, count_rows(files.materialized) if resume else 0)
+            written = count_rows(files.materialized) if resume else 0
+            todo = _dispatch(plan, done, inputs, written, failed)
             try:
                 async for result in collect(todo, client, limits, health, summary.health):
                     _record(result, writer, summary)
@@ -156,15 +158,34 @@ async def run_eval(
     return summary
 
 
+def attempts(files: RunFiles) -> Counter[tuple[int, int]]:
+    """Failed attempts so far per rollout key: a resumed retry's ``_ng_attempt_index``. A resume
+    clears the failures it runs again, so each failure counts itself plus the attempts before it
+    (its own ``_ng_attempt_index``); NeMo Gym keeps one failure row per attempt instead."""
+    failed: Counter[tuple[int, int]] = Counter()
+    for f in iter_jsonl(files.failures):
+        task, rollout, before = f.get(TASK_INDEX), f.get(ROLLOUT_INDEX), f.get(ATTEMPT_INDEX, 0)
+        if isinstance(task, int) and isinstance(rollout, int) and isinstance(before, int):
+            failed[task, rollout] = max(failed[task, rollout], before + 1)
+    return failed
+
+
 def _dispatch(
-    plan: JobPlan, done: set[tuple[int, int]], inputs: JsonlAppender, written: int
+    plan: JobPlan,
+    done: set[tuple[int, int]],
+    inputs: JsonlAppender,
+    written: int,
+    failed: Counter[tuple[int, int]],
 ) -> Iterator[Job]:
     """The jobs still to run, in plan order; each job past the ``written`` already in the
-    materialized inputs is appended there as the collector takes it."""
+    materialized inputs is appended there (as planned) as the collector takes it, and a retry of a
+    rollout that ``failed`` before is sent with its ``ATTEMPT_INDEX``, as NeMo Gym 0.7 does."""
     for index, job in enumerate(plan):
         if index >= written:
             inputs.write(job.row)
         if job.key not in done:
+            if failed[job.key]:
+                job.row[ATTEMPT_INDEX] = failed[job.key]
             yield job
 
 

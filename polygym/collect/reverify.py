@@ -25,12 +25,10 @@ reverified; it is counted, and ``gym eval run --resume`` is what redoes it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
-import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,15 +37,16 @@ import orjson
 
 from polygym import row as rows
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
-from polygym.collect.rollouts import DEFAULT_CONCURRENCY, RUN_RETRY, TIMEOUT_CLASS, failure_record
+from polygym.collect.rollouts import DEFAULT_CONCURRENCY, Limits, Result, collect
 from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, done_keys, prepare
 from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
 from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
 from polygym.net import budget
 from polygym.net.client import ServerCallError, ServerClient
+from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
-from polygym.row import ALL_ENVS, ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.row import ALL_ENVS, FAILURE_CLASS_FIELDS, ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.servers.judge import JUDGE_FAILED
 from polygym.suggest import unknown_name_message
 
@@ -55,8 +54,6 @@ REVERIFIED = "_reverified.jsonl"
 DIFF = "_reverify_diff.json"
 RESULT_FIELDS = ("response", "reward")
 """Fields of a stored rollout that ``/verify`` produced or scored, left out of a rebuilt input row."""
-FAILURE_CLASS_FIELDS = ("error_class", "_ng_failure_class")
-"""Where a rollout row says its verification failed (polygym's failure records, NeMo Gym's rows)."""
 UNSUPPORTED = "unsupported"
 """A resources server's ``GET /reverify_mode`` answer (NeMo Gym) when its rewards cannot be recomputed."""
 RELEASE_TIMEOUT_S = 10.0
@@ -133,6 +130,15 @@ def _numbered(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         yield f"{path} row {number}", row
 
 
+def stored_row(failure: dict[str, Any]) -> dict[str, Any]:
+    """The row a failure record keeps: polygym's under ``row``; a NeMo Gym failure row is the result
+    itself (a ``judge_failed`` one with its response), less its ``_ng_failure_*`` diagnostics."""
+    row = failure.get("row")
+    if isinstance(row, dict):
+        return row
+    return {k: v for k, v in failure.items() if not k.startswith("_ng_failure_")}
+
+
 def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -> ReverifyPlan:
     """The rows to reverify, in file order (the rollouts', then the failures'), one per key."""
     if not rollouts.is_file():
@@ -152,8 +158,8 @@ def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -
         failed = judge_failed(row)
         add(where, row, verify=failed or not failed_only, old=None if failed else rows.reward(row))
     for where, failure in _numbered(RunFiles(rollouts).failures):
-        stored = failure.get("row")
-        if not isinstance(stored, dict) or "response" not in stored:
+        stored = stored_row(failure)
+        if "response" not in stored:
             plan.no_response += 1
             continue
         add(where, {**stored, "agent_ref": failure.get("agent_ref", stored.get("agent_ref"))}, True, None)
@@ -181,99 +187,32 @@ def verify_payload(stored: dict[str, Any], sent: dict[str, Any] | None) -> dict[
     return {**base, "response": stored["response"]}
 
 
-@dataclass
-class Outcome:
-    """One item's result: ``rollout`` when verified (or carried), ``failure`` otherwise."""
-
-    item: Item
-    latency_s: float
-    rollout: dict[str, Any] | None = None
-    failure: dict[str, Any] | None = None
-
-
 class Verifier:
-    """Runs one item against the resources server of its agent, never raising for a bad row."""
+    """The ``JobCall`` of a reverify (``polygym.collect.rollouts.collect`` runs it): one stored row
+    against the resources server of its agent, in a session of its own."""
 
     def __init__(
-        self,
-        client: ServerClient,
-        resources: dict[str, str],
-        sent: dict[tuple[int, int], dict[str, Any]],
-        timeout_s: float,
+        self, client: ServerClient, resources: dict[str, str], sent: dict[tuple[int, int], dict[str, Any]]
     ) -> None:
         self.client = client
         self.resources = resources
         self.sent = sent
-        self.timeout_s = timeout_s
 
-    async def run(self, item: Item) -> Outcome:
-        job = item.job
-        if not item.verify:
-            return Outcome(item, 0.0, rollout=job.row)
-        began = time.perf_counter()
+    async def __call__(self, job: Job, timeout_s: float, retry: RetryPolicy) -> Any:
         server = self.resources[job.agent]
         payload = verify_payload(job.row, self.sent.get(job.key))
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                result = await self._verify(server, payload)
-        except TimeoutError:
-            return self._failed(
-                item, began, TIMEOUT_CLASS, f"no verdict within {self.timeout_s:g}s; cancelled"
-            )
-        except ServerCallError as exc:
-            return self._failed(item, began, exc.error_class, exc.detail)
-        except Exception as exc:  # a bad reply is recorded as a failure, never an abort
-            return self._failed(item, began, type(exc).__name__, str(exc))
-        result["agent_ref"] = {"type": AGENT_KIND, "name": job.agent}
-        result[TASK_INDEX], result[ROLLOUT_INDEX] = job.key
-        return Outcome(item, time.perf_counter() - began, rollout=result)
-
-    async def _verify(self, server: str, payload: dict[str, Any]) -> dict[str, Any]:
-        seeded = await self.client.call(server, "/seed_session", payload, retry=RUN_RETRY)
+        seeded = await self.client.call(server, "/seed_session", payload, timeout_s=timeout_s, retry=retry)
         cookies = dict(seeded.cookies)
         try:
-            reply = await self.client.call(server, "/verify", payload, cookies=cookies, retry=RUN_RETRY)
+            reply = await self.client.call(
+                server, "/verify", payload, cookies=cookies, timeout_s=timeout_s, retry=retry
+            )
         finally:
             with contextlib.suppress(ServerCallError), budget.within(budget.UNLIMITED):
                 await self.client.call(
                     server, "/end_session", {}, cookies=cookies, timeout_s=RELEASE_TIMEOUT_S
                 )
-        result = reply.json()
-        if not isinstance(result, dict) or "reward" not in result:
-            raise ValueError(f"/verify of '{server}' returned no reward: {str(result)[:300]}")
-        return result
-
-    def _failed(self, item: Item, began: float, error_class: str, message: str) -> Outcome:
-        latency = time.perf_counter() - began
-        return Outcome(item, latency, failure=failure_record(item.job, error_class, message, latency))
-
-
-async def outcomes(items: Iterable[Item], verifier: Verifier, concurrency: int) -> AsyncIterator[Outcome]:
-    """Each item's outcome in completion order, ``concurrency`` at a time; stopping early cancels
-    the verifications in flight (the items not yielded are what ``--resume`` does)."""
-    pending = iter(items)
-    results: asyncio.Queue[Outcome | None] = asyncio.Queue(maxsize=max(16, concurrency))
-
-    async def worker() -> None:
-        for item in pending:
-            await results.put(await verifier.run(item))
-
-    async def supervise(workers: Sequence[asyncio.Future[None]]) -> BaseException | None:
-        crashed = [o for o in await asyncio.gather(*workers, return_exceptions=True) if o is not None]
-        await results.put(None)
-        return crashed[0] if crashed else None
-
-    workers = [asyncio.ensure_future(worker()) for _ in range(max(1, concurrency))]
-    supervisor = asyncio.ensure_future(supervise(workers))
-    try:
-        while (outcome := await results.get()) is not None:
-            yield outcome
-        if (crash := await supervisor) is not None:
-            raise crash
-    finally:
-        for task in [*workers, supervisor]:
-            task.cancel()
-        await asyncio.gather(*workers, supervisor, return_exceptions=True)
+        return reply.json()
 
 
 async def resources_by_agent(client: ServerClient) -> dict[str, str]:
@@ -375,7 +314,8 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
             f"resources server(s) {', '.join(forced)} say their rewards cannot be recomputed "
             "(reverify_mode unsupported); pass --force to reverify anyway"
         )
-    verifier = Verifier(client, resources, input_rows(settings.inputs()), settings.timeout_s)
+    verifier = Verifier(client, resources, input_rows(settings.inputs()))
+    limits = Limits(concurrency=settings.concurrency, timeout_s=settings.timeout_s)
     with RunLock(files):
         prepare(
             files, settings.resume, settings.overwrite, fingerprint=plan.fingerprint(settings.failed_only)
@@ -388,9 +328,12 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
         summary.forced = forced
         written = count_rows(files.materialized) if settings.resume else 0
         with RolloutWriter(files) as writer, JsonlAppender(files.materialized) as sent:
+            for item in plan.items:
+                if not item.verify and item.job.key not in done:
+                    writer.rollout(item.job.row)  # carried as it is
             todo = _dispatch(plan.items, done, sent, written, verifier)
-            async for outcome in outcomes(todo, verifier, settings.concurrency):
-                _record(outcome, writer, summary)
+            async for result in collect(todo, client, limits, call=verifier):
+                _record(result, writer, summary)
         summary.diff = write_diff(settings.rollouts, plan, files, forced)
         if settings.aggregate:
             await write_aggregate_metrics(files, client, RunSummary(summary.total, summary.skipped))
@@ -399,28 +342,25 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
 
 def _dispatch(
     items: list[Item], done: set[tuple[int, int]], sent: JsonlAppender, written: int, verifier: Verifier
-) -> Iterator[Item]:
-    """The items still to do, in plan order; each one to verify past the ``written`` already in the
+) -> Iterator[Job]:
+    """The rows still to verify, in plan order; each one past the ``written`` already in the
     payloads file is appended there (as sent to ``/verify``) as it is taken."""
-    verified = 0
-    for item in items:
-        if item.verify:
-            if verified >= written:
-                sent.write(verify_payload(item.job.row, verifier.sent.get(item.job.key)))
-            verified += 1
+    for verified, item in enumerate(i for i in items if i.verify):
+        if verified >= written:
+            sent.write(verify_payload(item.job.row, verifier.sent.get(item.job.key)))
         if item.job.key not in done:
-            yield item
+            yield item.job
 
 
-def _record(outcome: Outcome, writer: RolloutWriter, summary: ReverifySummary) -> None:
-    if outcome.rollout is not None:
-        writer.rollout(outcome.rollout)
-        summary.verified += 1 if outcome.item.verify else 0
+def _record(result: Result, writer: RolloutWriter, summary: ReverifySummary) -> None:
+    if result.rollout is not None:
+        writer.rollout(result.rollout)
+        summary.verified += 1
         return
-    assert outcome.failure is not None
-    writer.failure(outcome.failure)
+    assert result.failure is not None
+    writer.failure(result.failure)
     summary.failed += 1
-    summary.failures_by_class[outcome.failure["error_class"]] += 1
+    summary.failures_by_class[result.failure["error_class"]] += 1
 
 
 def classify(item: Item, new_reward: float | None) -> str:

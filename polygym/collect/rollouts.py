@@ -15,6 +15,10 @@ not called at all: its rollouts are recorded as ``ServerDied`` at once, and the 
 cancelled (which closes its connection to the agent, so the agent's server can stop the rollout
 and release its session) and the rollout is recorded as a ``Timeout`` failure. A per-attempt
 timeout alone let a rollout retried after 5xx replies run for several times ``--timeout``.
+
+What one job *is* is a ``JobCall``: by default the agent's ``/run`` (``run_call``); ``gym eval
+reverify`` passes its seed/verify/end call instead, so both get this one implementation of
+concurrency, timeouts, down servers and failure records.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +36,7 @@ from polygym.net import failure
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
-from polygym.row import ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.row import ROLLOUT_INDEX, TASK_INDEX, Job, carried
 
 DEFAULT_CONCURRENCY = 64
 MAX_CONCURRENCY = 16_384
@@ -110,6 +114,7 @@ def nemo_gym_failure_fields(error_class: str, message: str) -> dict[str, Any]:
 def failure_record(job: Job, error_class: str, message: str, latency_s: float) -> dict[str, Any]:
     """A ``_failures.jsonl`` line: enough to find the row, see what broke, and rerun it."""
     return {
+        **carried(job.row),
         "agent_ref": {"type": AGENT_KIND, "name": job.agent},
         TASK_INDEX: job.task_index,
         ROLLOUT_INDEX: job.rollout_index,
@@ -122,13 +127,28 @@ def failure_record(job: Job, error_class: str, message: str, latency_s: float) -
     }
 
 
+JobCall = Callable[[Job, float, RetryPolicy], Awaitable[Any]]
+"""The request(s) of one job, given its timeout and retry policy; returns the reply's JSON body,
+which must be a result with a ``reward``. Raising ``ServerCallError`` (or anything) fails the job."""
+
+
+def run_call(client: ServerClient) -> JobCall:
+    """A job as a rollout: POST the row to its agent's ``/run``."""
+
+    async def call(job: Job, timeout_s: float, retry: RetryPolicy) -> Any:
+        reply = await client.call(job.agent, "/run", job.row, timeout_s=timeout_s, retry=retry)
+        return reply.json()
+
+    return call
+
+
 class _Runner:
     """Runs single jobs; tracks which agents are down."""
 
     def __init__(
-        self, client: ServerClient, limits: Limits, health: StackHealth | None, monitor: HealthMonitor | None
+        self, call: JobCall, limits: Limits, health: StackHealth | None, monitor: HealthMonitor | None
     ) -> None:
-        self.client = client
+        self.call = call
         self.limits = limits
         self.health = health
         self.monitor = monitor
@@ -162,10 +182,9 @@ class _Runner:
         timeout_s = self.limits.timeout_s
         try:
             async with asyncio.timeout(timeout_s):
-                reply = await self.client.call(job.agent, "/run", job.row, timeout_s=timeout_s, retry=retry)
-            rollout = reply.json()
+                rollout = await self.call(job, timeout_s, retry)
             if not isinstance(rollout, dict) or "reward" not in rollout:
-                raise ValueError(f"agent returned no reward: {str(rollout)[:300]}")
+                raise ValueError(f"'{job.agent}' returned no reward: {str(rollout)[:300]}")
         except TimeoutError:
             return self._failed(job, began, TIMEOUT_CLASS, f"no result within {timeout_s:g}s; cancelled")
         except ServerCallError as exc:
@@ -175,7 +194,7 @@ class _Runner:
         except Exception as exc:  # a bad reply must become a recorded failure, not an abort
             return self._failed(job, began, type(exc).__name__, str(exc))
         self.down.discard(job.agent)
-        rollout.setdefault("agent_ref", job.row["agent_ref"])
+        rollout.update(carried(job.row))
         rollout[TASK_INDEX] = job.task_index
         rollout[ROLLOUT_INDEX] = job.rollout_index
         return Result(job, time.perf_counter() - began, rollout=rollout)
@@ -187,8 +206,9 @@ async def collect(
     limits: Limits | None = None,
     health: StackHealth | None = None,
     monitor: HealthMonitor | None = None,
+    call: JobCall | None = None,
 ) -> AsyncGenerator[Result, None]:
-    """Yield a Result for every job, in completion order.
+    """Yield a Result for every job, in completion order; ``call`` runs one (default ``run_call``).
 
     Stopping the iteration early (``break``, or cancelling the consumer) cancels the rollouts in
     flight; the jobs not yielded are simply not done, which is what ``--resume`` relies on.
@@ -196,7 +216,7 @@ async def collect(
     are recorded as failures at once instead of being sent.
     """
     limits = limits or Limits()
-    runner = _Runner(client, limits, health, monitor)
+    runner = _Runner(call or run_call(client), limits, health, monitor)
     pending = iter(jobs)
     results: asyncio.Queue[Result | None] = asyncio.Queue(maxsize=max(16, limits.concurrency))
 

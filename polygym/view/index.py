@@ -23,7 +23,15 @@ from typing import Any
 
 import orjson
 
-from polygym.row import ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX, reward, total_tokens
+from polygym.row import (
+    ENV_FIELD,
+    ROLLOUT_INDEX,
+    STEP_FIELD,
+    TASK_INDEX,
+    failure_class,
+    reward,
+    total_tokens,
+)
 from polygym.view.conversation import count_turns
 from polygym.view.runs import RunSource
 from polygym.view.tail import JsonlTail, read_at
@@ -146,7 +154,7 @@ class RunIndex:
         self.env.append(self._code(env))
         self.reward.append(0.0 if failed else reward(data))
         self.failed.append(failed)
-        self.failure_class.append(self._class_code(str(data.get("error_class", "?"))) if failed else -1)
+        self.failure_class.append(self._class_code(failure_class(data)) if failed else -1)
         self.task.append(_int(data.get(TASK_INDEX)))
         self.repeat.append(_int(data.get(ROLLOUT_INDEX)))
         self.step.append(_int(row.get(STEP_FIELD)))

@@ -15,8 +15,8 @@ in a Responses conversation needs one.
 
 The rollout's ``response.output`` is the whole episode in order — the first observation (a user
 message), every model item, every observation — with ``usage`` summed over all model calls, so
-it is a valid Responses object a trainer can tokenize. ``status`` is ``incomplete`` (reason
-``max_steps``) when the agent stopped before the episode ended.
+it is a valid Responses object a trainer can tokenize. ``status`` is ``incomplete`` (and
+``metadata.ng_termination_reason`` is ``max_steps``) when the agent stopped before the episode ended.
 
 Mistakes by the model (no usable action, an action the environment rejects with a 4xx) come back to
 it as an ``Error: ...`` observation and cost a turn; infrastructure failures (a server down, a lost
@@ -32,7 +32,7 @@ from pydantic import Field
 
 from polygym import Agent, AgentConfig, HTTPError, ServerCallError, function_call_output_item, new_response
 from polygym.net.retry import RetryPolicy
-from polygym.protocol import input_items, sum_usage
+from polygym.protocol import STEP_LIMIT, ended_early, input_items, sum_usage
 from polygym.servers.episodic import (
     ACTION_TOOL,
     MAX_ACTION_CHARS,
@@ -125,10 +125,8 @@ class GymnasiumAgent(Agent[GymnasiumAgentConfig]):
                 output.append(user_message(observation))
             if done:
                 break
-        extra = {} if done else {"incomplete_details": {"reason": "max_steps"}}
-        return new_response(
-            output, model, sum_usage(usages), status="completed" if done else "incomplete", **extra
-        )
+        fields = {"status": "completed"} if done else ended_early(STEP_LIMIT)
+        return new_response(output, model, sum_usage(usages), **fields)
 
     async def _act(
         self, items: list[dict[str, Any]], cookies: dict[str, str]

@@ -16,7 +16,7 @@ import orjson
 
 from polygym import Agent, AgentConfig, ServerCallError, function_call_output_item, new_response
 from polygym.net.retry import RetryPolicy
-from polygym.protocol import input_items, sum_usage
+from polygym.protocol import STEP_LIMIT, ended_early, input_items, sum_usage
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # A tool call may change state, so only retry when the request provably never arrived.
@@ -56,9 +56,8 @@ class SimpleAgent(Agent[SimpleAgentConfig]):
                 text = await self._run_tool(call, offered, cookies)
                 output.append(function_call_output_item(str(call.get("call_id", "")), text))
             truncated = step == self.config.max_steps - 1
-        extra = {"incomplete_details": {"reason": "max_steps"}} if truncated else {}
-        status = "incomplete" if truncated else last.get("status", "completed")
-        return new_response(output, last.get("model", ""), sum_usage(usages), status=status, **extra)
+        fields = ended_early(STEP_LIMIT) if truncated else {"status": last.get("status", "completed")}
+        return new_response(output, last.get("model", ""), sum_usage(usages), **fields)
 
     async def _run_tool(self, call: dict[str, Any], offered: set[Any], cookies: dict[str, str]) -> str:
         """Execute one function call; anything the model got wrong comes back as text for it."""

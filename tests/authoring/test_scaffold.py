@@ -12,20 +12,16 @@ import pytest
 from polygym.authoring import scaffold
 from polygym.authoring.check import PASS, check_env
 from polygym.jsonl import iter_jsonl
-from tests.conftest import gym_command
+from tests.conftest import run_gym
 
 NAME = "my_env"
-
-
-def gym(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(gym_command(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user's folder where `gym env init my_env` ran (default --dir: the working directory)."""
     root = tmp_path_factory.mktemp("project")
-    done = gym("env", "init", NAME, cwd=root)
+    done = run_gym("env", "init", NAME, cwd=root)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"gym env check {NAME}" in done.stdout
     return root
@@ -58,7 +54,7 @@ def test_the_checker_passes_with_a_correct_rollout(project: Path) -> None:
     assert report.result("verify: correct beats wrong").status == PASS  # example_solution is used
     assert all(r.status == PASS for r in report.results), report.summary()
 
-    done = gym("env", "check", NAME, "--json", cwd=project)
+    done = run_gym("env", "check", NAME, "--json", cwd=project)
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["ok"] is True
 
@@ -77,7 +73,7 @@ def test_the_generated_tests_pass(project: Path) -> None:
 
 def test_eval_run_with_the_scripted_model_works_from_the_folder(project: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
-    done = gym(
+    done = run_gym(
         "eval",
         "run",
         "--model-type",
@@ -104,12 +100,12 @@ def test_eval_run_with_the_scripted_model_works_from_the_folder(project: Path, t
 def test_init_refuses_to_overwrite_and_validates_names(project: Path) -> None:
     app = project / "resources_servers" / NAME / "app.py"
     before = app.read_bytes()
-    again = gym("env", "init", NAME, "--dir", str(project), cwd=project.parent)
+    again = run_gym("env", "init", NAME, "--dir", str(project), cwd=project.parent)
     assert again.returncode == 1
     assert "already exists" in again.stderr
     assert app.read_bytes() == before
 
-    bad = gym("env", "init", "My-Env", cwd=project)
+    bad = run_gym("env", "init", "My-Env", cwd=project)
     assert bad.returncode == 2
     assert "invalid environment name 'My-Env'" in bad.stderr
 

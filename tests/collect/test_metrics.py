@@ -43,7 +43,7 @@ def test_aggregate_groups_by_task() -> None:
     agent = metrics["agent_metrics"]
     assert agent["num_rollouts"] == 4 and agent["num_tasks"] == 2
     assert agent["mean/reward"] == pytest.approx(0.25)
-    assert agent["std/reward"] == pytest.approx(math.sqrt(0.1875))
+    assert agent["std/reward"] == pytest.approx(0.5)  # sample std (n-1), as NeMo Gym's
     # task 0: pass@2 = 1, task 1: 0 -> mean 0.5; pass@1 = (0.5 + 0) / 2
     assert agent["pass@2"] == pytest.approx(0.5)
     assert agent["pass@1"] == pytest.approx(0.25)
@@ -64,6 +64,42 @@ def test_majority_at_k() -> None:
     ]
     agent = aggregate(rollouts, answer_field="answer")["agent_metrics"]
     assert agent["majority@3"] == pytest.approx(0.5)
+
+
+def test_masked_samples_leave_the_statistics_and_are_counted() -> None:
+    """NeMo Gym's ``mask_sample``: the reward measures a broken environment, not the policy."""
+    masked = {**rollout(1, 0.0), "mask_sample": True}
+    rollouts = [rollout(0, 1.0), {**rollout(0, 0.0), "mask_sample": False}, masked, {**masked}]
+    metrics = aggregate(rollouts)
+    agent = metrics["agent_metrics"]
+    assert agent["num_rollouts"] == 4 and agent["num_tasks"] == 1
+    assert agent["mean/reward"] == pytest.approx(0.5) and agent["pass@1"] == pytest.approx(0.5)
+    assert not any("mask_sample" in key for key in agent)
+    assert {k: v for k, v in agent.items() if k.startswith("coverage/")} == {
+        "coverage/measured_rollouts": 2,
+        "coverage/masked_rollouts": 2,
+        "coverage/measured_tasks": 1,
+        "coverage/fully_masked_tasks": 1,
+    }
+    assert metrics["key_metrics"]["coverage/masked_rollouts"] == 2
+    assert [g["_ng_task_index"] for g in metrics["group_level_metrics"]] == [0]
+    assert not any(k.startswith("coverage/") for k in aggregate(rollouts[:2])["agent_metrics"])
+    everything = aggregate([masked])
+    assert everything["agent_metrics"] == {
+        "num_rollouts": 1,
+        "coverage/measured_rollouts": 0,
+        "coverage/masked_rollouts": 1,
+        "coverage/measured_tasks": 0,
+        "coverage/fully_masked_tasks": 1,
+    }
+    assert everything["group_level_metrics"] == []
+
+
+def test_bookkeeping_fields_are_not_summarised() -> None:
+    stamped = [{**rollout(0, 1.0), "_ng_attempt_index": 1, "_pg_step": 3}, rollout(0, 1.0)]
+    agent = aggregate(stamped)["agent_metrics"]
+    assert not any("/_" in key for key in agent)
+    assert agent["std/reward"] == 0.0
 
 
 def test_aggregate_empty() -> None:

@@ -20,6 +20,7 @@ from polygym.collect.reverify import (
     unsupported_servers,
     verify_payload,
 )
+from polygym.collect.rollouts import Limits, Result, collect
 from polygym.jsonl import write_jsonl
 from polygym.net.client import ServerCallError
 from polygym.row import Job
@@ -160,10 +161,17 @@ class Reply:
         return self.body
 
 
-def run_item(verify: Any) -> tuple[Any, FakeClient]:
+def run_item(verify: Any) -> tuple[Result, FakeClient]:
+    """One row through the collection engine, as ``reverify`` runs it."""
     client = FakeClient(verify)
-    verifier = Verifier(client, {"a": "env"}, {}, timeout_s=5.0)  # type: ignore[arg-type]
-    return asyncio.run(verifier.run(item(1.0))), client
+    verifier = Verifier(client, {"a": "env"}, {})  # type: ignore[arg-type]
+
+    async def one() -> list[Result]:
+        jobs = [item(1.0).job]
+        return [r async for r in collect(jobs, client, Limits(timeout_s=5.0), call=verifier)]  # type: ignore[arg-type]
+
+    (result,) = asyncio.run(one())
+    return result, client
 
 
 def test_a_row_is_seeded_verified_in_its_session_and_released() -> None:

@@ -125,3 +125,29 @@ def test_failure_rows_carry_nemo_gym_failure_keys(
     assert record["_ng_failure_message"] == "it broke"
     assert record["_ng_failure_http_status"] == status
     assert record["_ng_failure_terminal"] is False
+
+
+async def test_results_carry_the_rows_collector_fields_whatever_the_agent_answers() -> None:
+    """NeMo Gym 0.7's collector copies ``agent_ref``, ``task_source``, ``_ng_attempt_index``,
+    ``_ng_rollout_id``... from the row onto the result; an agent echoing nothing loses none."""
+
+    async def run(request: Request) -> JSONResponse:
+        row = await request.json()
+        ok = row["task_source"] == "ok"
+        return JSONResponse({"reward": 1.0}) if ok else JSONResponse({"error": "no"}, status_code=400)
+
+    client = ServerClient()
+    client.add_local("agent", Starlette(routes=[Route("/run", run, methods=["POST"])]))
+    extra = {"_ng_rollout_id": "r-7", "_ng_attempt_index": 2, "skills_ref": {"name": "s"}}
+    jobs = [
+        make_job({"responses_create_params": {"input": "hi"}, "task_source": source, **extra}, "agent", t, 0)
+        for t, source in enumerate(["ok", "bad"])
+    ]
+    results = sorted([r async for r in collect(jobs, client)], key=lambda r: r.job.task_index)
+    rollout, failure = results[0].rollout, results[1].failure
+    assert rollout is not None and failure is not None
+    for result, source in ((rollout, "ok"), (failure, "bad")):
+        assert result["task_source"] == source and result["skills_ref"] == {"name": "s"}
+        assert (result["_ng_rollout_id"], result["_ng_attempt_index"]) == ("r-7", 2)
+        assert result["agent_ref"]["name"] == "agent"
+    assert "responses_create_params" not in rollout

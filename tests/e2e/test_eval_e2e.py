@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.launcher import Stack
 from responses_api_models.scripted_model.app import ScriptedModel
-from tests.conftest import gym_command, wait_until
+from tests.conftest import interrupt_gym, row_keys, run_gym, wait_until
 
 ENVS = ("example_single_tool_call", "example_multi_step")
 SERVE = ["--model-type", "scripted_model", *[a for e in ENVS for a in ("--resources-server", e)]]
@@ -38,14 +37,6 @@ def mixed_input(path: Path) -> Path:
     """Both environments' example rows, each stamped with its agent (`gym data blend --order concat`)."""
     write_jsonl(load_blend(spec_from_flags(ENVS)).ordered("concat"), path)
     return path
-
-
-def gym(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(gym_command(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout)
-
-
-def keys(path: Path) -> list[tuple[int, int]]:
-    return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in iter_jsonl(path)]
 
 
 @pytest.fixture
@@ -76,7 +67,7 @@ def test_guide_flow_through_openai_model(tmp_path: Path, start_stack: Any, scrip
         "policy_model_name=scripted",
     )
     mixed_input(tmp_path / "results" / "test_multiverifier_input.jsonl")
-    result = gym(
+    result = run_gym(
         "eval",
         "run",
         "--no-serve",
@@ -97,7 +88,7 @@ def test_guide_flow_through_openai_model(tmp_path: Path, start_stack: Any, scrip
         assert rollout["agent_ref"]["name"] == f"{expected}_simple_agent"
         assert rollout["reward"] == 1.0
         assert rollout["response"]["model"] == "scripted"
-    assert sorted(keys(files.output)) == [(t, 0) for t in range(10)]
+    assert sorted(row_keys(files.output)) == [(t, 0) for t in range(10)]
     assert len(list(iter_jsonl(files.materialized))) == 10
     assert list(iter_jsonl(files.failures)) == []
     metrics = orjson.loads(files.metrics.read_bytes())
@@ -118,7 +109,7 @@ def test_bad_rows_and_unknown_agent_stop_the_run(tmp_path: Path) -> None:
     lines[3] = orjson.dumps(broken)
     lines[6] = b'{"responses_create_params": {"tools": []}}'
     data.write_bytes(b"\n".join(lines) + b"\n")
-    result = gym(
+    result = run_gym(
         "eval", "run", *SERVE, "--input", str(data), "--output", str(tmp_path / "out.jsonl"), cwd=tmp_path
     )
     assert result.returncode == 2
@@ -175,10 +166,10 @@ def test_verifier_exception_becomes_a_recorded_failure(tmp_path: Path) -> None:
         "--input",
         "in.jsonl",
     ]
-    result = gym(*args, "--output", "out.jsonl", cwd=tmp_path)
+    result = run_gym(*args, "--output", "out.jsonl", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     files = RunFiles(tmp_path / "out.jsonl")
-    assert sorted(keys(files.output)) == [(0, 0), (2, 0)]
+    assert sorted(row_keys(files.output)) == [(0, 0), (2, 0)]
     failures = list(iter_jsonl(files.failures))
     assert sorted(f["_ng_task_index"] for f in failures) == [1, 3]
     for failure in failures:
@@ -187,7 +178,7 @@ def test_verifier_exception_becomes_a_recorded_failure(tmp_path: Path) -> None:
         assert failure["agent_ref"]["name"] == "boom_simple_agent"
         assert failure["row"]["explode"] is True
     assert "2 failed" in result.stdout
-    strict = gym(*args, "--output", "strict.jsonl", "--max-failures", "1", cwd=tmp_path)
+    strict = run_gym(*args, "--output", "strict.jsonl", "--max-failures", "1", cwd=tmp_path)
     assert strict.returncode == 1 and "2 rollouts failed" in strict.stderr
 
 
@@ -203,7 +194,7 @@ async def test_server_killed_mid_run_then_resume_after_restart(tmp_path: Path) -
         files = RunFiles(tmp_path / "out.jsonl")
         victim = next(s for s in stack.servers() if s["name"] == "example_multi_step")
         run = asyncio.ensure_future(run_eval(client, jobs, files, Limits(concurrency=8)))
-        await asyncio.to_thread(wait_until, lambda: len(keys(files.output)) >= 20, 30)
+        await asyncio.to_thread(wait_until, lambda: len(row_keys(files.output)) >= 20, 30)
         os.kill(victim["pid"], signal.SIGKILL)
         summary = await asyncio.wait_for(run, 120)
         failures = list(iter_jsonl(files.failures))
@@ -214,7 +205,7 @@ async def test_server_killed_mid_run_then_resume_after_restart(tmp_path: Path) -
         await stack.restart("example_multi_step")
         resumed = await run_eval(client, jobs, files, Limits(concurrency=8), resume=True)
         assert resumed.skipped == 120 - len(failures) and resumed.failed == 0
-        final = keys(files.output)
+        final = row_keys(files.output)
         assert len(final) == len(set(final)) == 120
         assert set(final) == {job.key for job in jobs}
         assert list(iter_jsonl(files.failures)) == []
@@ -241,27 +232,17 @@ def test_interrupt_then_resume_is_exact(tmp_path: Path, sig: signal.Signals) -> 
         "policy_model.responses_api_models.scripted_model.latency_ms=10",
     ]
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen(
-        gym_command(*args), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert wait_until(lambda: out.exists() and len(keys(out)) >= 20, 60)
-        proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    returncode, stderr = interrupt_gym(args, tmp_path, out, 20, sig)
     if sig == signal.SIGINT:
-        assert proc.returncode == 130
+        assert returncode == 130
         assert "resume with:" in stderr and "--resume" in stderr
     else:
-        assert proc.returncode == -signal.SIGKILL
-    partial = keys(out)
+        assert returncode == -signal.SIGKILL
+    partial = row_keys(out)
     assert 20 <= len(partial) < 300
-    result = gym(*args, "--resume", cwd=tmp_path)
+    result = run_gym(*args, "--resume", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    final = keys(out)
+    final = row_keys(out)
     assert len(final) == len(set(final)) == 300
     assert f"{300 - len(partial)} rollouts collected, {len(partial)} already done" in result.stdout
 
@@ -269,14 +250,14 @@ def test_interrupt_then_resume_is_exact(tmp_path: Path, sig: signal.Signals) -> 
 def test_resume_refuses_a_changed_input(tmp_path: Path) -> None:
     data = mixed_input(tmp_path / "in.jsonl")
     args = ["eval", "run", *SERVE, "--input", str(data), "--output", "out.jsonl"]
-    assert gym(*args, cwd=tmp_path).returncode == 0
-    again = gym(*args, cwd=tmp_path)
+    assert run_gym(*args, cwd=tmp_path).returncode == 0
+    again = run_gym(*args, cwd=tmp_path)
     assert again.returncode == 2 and "--resume" in again.stderr and "--overwrite" in again.stderr
     data.write_bytes(data.read_bytes() * 2)  # the same 10 rows again: the input changed
-    changed = gym(*args, "--resume", cwd=tmp_path)
+    changed = run_gym(*args, "--resume", cwd=tmp_path)
     assert changed.returncode == 2
     assert "the input or the run options changed" in changed.stderr
-    assert len(keys(tmp_path / "out.jsonl")) == 10
+    assert len(row_keys(tmp_path / "out.jsonl")) == 10
 
 
 async def test_python_api_streams_results_in_the_callers_loop(tmp_path: Path) -> None:

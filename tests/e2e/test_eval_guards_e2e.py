@@ -26,8 +26,8 @@ from polygym.stack import records as stacks
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.launcher import Stack
-from tests.conftest import gym_command, wait_until
-from tests.e2e.test_eval_e2e import ENVS, SERVE, gym, keys, mixed_input
+from tests.conftest import gym_command, row_keys, run_gym, wait_until
+from tests.e2e.test_eval_e2e import ENVS, SERVE, mixed_input
 
 LATENCY = "policy_model.responses_api_models.scripted_model.latency_ms"
 
@@ -55,8 +55,8 @@ def test_a_second_run_on_one_output_is_refused_and_resume_stays_exact(tmp_path: 
     out = tmp_path / "out.jsonl"
     first = start_run(*args, cwd=tmp_path)
     try:
-        assert wait_until(lambda: out.exists() and len(keys(out)) >= 5, 60)
-        second = gym("eval", "run", *args, "--resume", cwd=tmp_path)
+        assert wait_until(lambda: out.exists() and len(row_keys(out)) >= 5, 60)
+        second = run_gym("eval", "run", *args, "--resume", cwd=tmp_path)
         assert second.returncode == 2
         assert f"out.jsonl is being written by another run (pid {first.pid})" in second.stderr
         assert "wait for it or choose another --output" in second.stderr
@@ -64,9 +64,9 @@ def test_a_second_run_on_one_output_is_refused_and_resume_stays_exact(tmp_path: 
     finally:
         finish(first)
     assert first.returncode == 130
-    resumed = gym("eval", "run", *args, "--resume", cwd=tmp_path)
+    resumed = run_gym("eval", "run", *args, "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    final = keys(out)
+    final = row_keys(out)
     assert len(final) == len(set(final)) == 300
     materialized = [
         (r["_ng_task_index"], r["_ng_rollout_index"]) for r in iter_jsonl(RunFiles(out).materialized)
@@ -77,13 +77,13 @@ def test_a_second_run_on_one_output_is_refused_and_resume_stays_exact(tmp_path: 
 def test_resume_refuses_another_policy_unless_told(tmp_path: Path) -> None:
     data = mixed_input(tmp_path / "in.jsonl")
     args = ["eval", "run", *SERVE, "--input", str(data), "--output", "out.jsonl"]
-    assert gym(*args, cwd=tmp_path).returncode == 0
+    assert run_gym(*args, cwd=tmp_path).returncode == 0
     other = [*args, "--resume", "policy_model.responses_api_models.scripted_model.model=other-policy"]
-    refused = gym(*other, cwd=tmp_path)
+    refused = run_gym(*other, cwd=tmp_path)
     assert refused.returncode == 2
     assert "the stack differs from the one the run started with" in refused.stderr
     assert "policy policy_model.model: 'scripted' -> 'other-policy'" in refused.stderr
-    allowed = gym(*other, "--allow-stack-change", cwd=tmp_path)
+    allowed = run_gym(*other, "--allow-stack-change", cwd=tmp_path)
     assert allowed.returncode == 0, allowed.stderr
     record = read_record(RunFiles(tmp_path / "out.jsonl"))
     assert record is not None
@@ -103,7 +103,7 @@ def test_a_dead_server_is_named_stops_only_its_environment_and_fails_the_run(tmp
         assert wait_until(lambda: any(r["pid"] == run.pid for r in stacks.list_stacks()), 60)
         [record] = [r for r in stacks.list_stacks() if r["pid"] == run.pid]
         victim = next(s for s in record["servers"] if s["name"] == "example_multi_step")
-        assert wait_until(lambda: out.exists() and len(keys(out)) >= 10, 60)
+        assert wait_until(lambda: out.exists() and len(row_keys(out)) >= 10, 60)
         os.kill(victim["pid"], signal.SIGKILL)
         single_before = Counter(r["agent_ref"]["name"] for r in iter_jsonl(out))[f"{ENVS[0]}_simple_agent"]
         _, stderr = finish(run)
@@ -228,7 +228,7 @@ def test_the_collector_timeout_stops_a_rollout_over_http(ticker: Path, start_sta
     )
     (ticker.parent / "in.jsonl").write_bytes(orjson.dumps(ticker_row()) + b"\n")
     began = time.monotonic()
-    result = gym(
+    result = run_gym(
         "eval",
         "run",
         "--no-serve",

@@ -10,39 +10,13 @@ import orjson
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl
 from polygym.servers.judge import JUDGE_FAILED
-from tests.conftest import ROOT, gym_command
-
-DATA = ROOT / "resources_servers/reference_judge/data/example.jsonl"
-JUDGE = """
-judge_model:
-  responses_api_models:
-    scripted_model:
-      entrypoint: app.py
-      script: [{{answer: "{answer}"}}]
-reference_judge:
-  resources_servers:
-    reference_judge:
-      judge_model_server: {{type: responses_api_models, name: judge_model}}
-"""
+from tests.conftest import JUDGE_CONFIG, JUDGE_DATA, JUDGE_SERVE, run_gym
 
 
 def run(tmp_path: Path, judge_answer: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "judge.yaml").write_text(JUDGE.format(answer=judge_answer))
-    args = [
-        "--model-type",
-        "scripted_model",
-        "--resources-server",
-        "reference_judge",
-        "--config",
-        "judge.yaml",
-    ]
-    return subprocess.run(
-        gym_command("eval", "run", *args, "--input", str(DATA), "--output", "out.jsonl", *extra),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    (tmp_path / "judge.yaml").write_text(JUDGE_CONFIG.format(answer=judge_answer))
+    args = ("--input", str(JUDGE_DATA), "--output", "out.jsonl", *extra)
+    return run_gym("eval", "run", *JUDGE_SERVE, *args, cwd=tmp_path)
 
 
 def test_judge_failures_are_failures_and_resume_redoes_them(tmp_path: Path) -> None:
@@ -62,4 +36,6 @@ def test_judge_failures_are_failures_and_resume_redoes_them(tmp_path: Path) -> N
     rows = list(iter_jsonl(files.output))
     assert sorted(r["_ng_task_index"] for r in rows) == [0, 1, 2, 3, 4]
     assert {(r["reward"], r["judge_verdict"]) for r in rows} == {(0.0, False)}
+    assert {r["_ng_attempt_index"] for r in rows} == {1}  # one failed attempt before, as NeMo Gym counts
+    assert all("_ng_attempt_index" not in r for r in iter_jsonl(files.materialized))
     assert list(iter_jsonl(files.failures)) == []

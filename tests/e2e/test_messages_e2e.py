@@ -21,6 +21,7 @@ from polygym.net.listen import AppServer, bind_socket
 from responses_api_models.anthropic_model.app import AnthropicModel
 from responses_api_models.openai_model.app import OpenAIModel
 from responses_api_models.scripted_model.app import ScriptedModel
+from tests.conftest import WEATHER_RULE
 
 T = TypeVar("T")
 
@@ -28,13 +29,6 @@ WEATHER_TOOL: Any = {
     "name": "get_weather",
     "description": "Current weather of a city.",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-WEATHER_RULE = {
-    "name": "weather",
-    "when_tools": ["get_weather"],
-    "match": r"weather in (?P<city>[A-Z][^?.,!\n]*)[?.,!]",
-    "calls": [{"tool": "get_weather", "arguments": {"city": "{city}"}}],
-    "answer": "It is {last_output} in {city}.",
 }
 
 

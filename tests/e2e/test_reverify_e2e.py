@@ -17,7 +17,7 @@ from polygym.collect.reverify import diff_path, reverified_path
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.servers.judge import JUDGE_FAILED
-from tests.conftest import ROOT, gym_command, wait_until
+from tests.conftest import JUDGE_CONFIG, JUDGE_DATA, JUDGE_SERVE, ROOT, interrupt_gym, row_keys, run_gym
 
 ENV = "example_single_tool_call"
 AGENT = f"{ENV}_simple_agent"
@@ -25,16 +25,8 @@ SERVE = ["--model-type", "scripted_model", "--resources-server", ENV]
 DATA = ROOT / f"resources_servers/{ENV}/data/example.jsonl"
 
 
-def gym(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(gym_command(*args), cwd=cwd, capture_output=True, text=True, timeout=180)
-
-
 def digests(files: RunFiles) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in [*files.all(), files.record]}
-
-
-def keys(path: Path) -> list[tuple[int, int]]:
-    return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in iter_jsonl(path)]
 
 
 def diff_of(output: Path) -> dict[str, Any]:
@@ -45,7 +37,7 @@ def diff_of(output: Path) -> dict[str, Any]:
 def collected(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One `gym eval run` of the example environment (5 rollouts, every reward 1.0), copied per test."""
     where = tmp_path_factory.mktemp("collected")
-    result = gym("eval", "run", *SERVE, "--input", str(DATA), "--output", "out.jsonl", cwd=where)
+    result = run_gym("eval", "run", *SERVE, "--input", str(DATA), "--output", "out.jsonl", cwd=where)
     assert result.returncode == 0, result.stderr
     assert [r["reward"] for r in iter_jsonl(where / "out.jsonl")] == [1.0] * 5
     return where
@@ -70,7 +62,7 @@ def test_reverify_recomputes_rewards_into_new_files_and_resumes_exactly(run_dir:
     tamper(old.output, {0: {"reward": 0.0}, 1: {"reward": 0.5}, 2: {"reward": 2.0}})
     before = digests(old)
 
-    result = gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", cwd=run_dir)
+    result = run_gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", cwd=run_dir)
     assert result.returncode == 0, result.stderr
     assert "3 rewards changed; 5 rows reverified" in result.stdout
     new = RunFiles(reverified_path(old.output))
@@ -86,22 +78,22 @@ def test_reverify_recomputes_rewards_into_new_files_and_resumes_exactly(run_dir:
     assert (counts["unchanged"], counts["raised"], counts["lowered"], counts["newly_failed"]) == (2, 2, 1, 0)
     assert digests(old) == before  # the old files are byte-identical
 
-    again = gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", cwd=run_dir)
+    again = run_gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", cwd=run_dir)
     assert again.returncode == 2 and "already exists" in again.stderr
 
     # an interrupted reverify: two rows written, the third torn mid-line
     lines = new.output.read_bytes().splitlines(keepends=True)
     new.output.write_bytes(b"".join(lines[:2]) + lines[2][:40])
-    resumed = gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", "--resume", cwd=run_dir)
+    resumed = run_gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", "--resume", cwd=run_dir)
     assert resumed.returncode == 0, resumed.stderr
     assert "3 rows reverified, 2 already done" in resumed.stdout
-    assert sorted(keys(new.output)) == sorted(keys(old.output)) and len(keys(new.output)) == 5
+    assert sorted(row_keys(new.output)) == sorted(row_keys(old.output)) and len(row_keys(new.output)) == 5
     assert count_lines(new.materialized) == 5
     assert diff_of(new.output)["per_environment"][AGENT] == counts
     assert digests(old) == before
 
     tamper(old.output, {3: {"reward": 0.1}})  # not the rollouts that reverify began with
-    changed = gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", "--resume", cwd=run_dir)
+    changed = run_gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", "--resume", cwd=run_dir)
     assert changed.returncode == 2 and "cannot resume" in changed.stderr
 
 
@@ -125,7 +117,9 @@ def test_failed_only_reverifies_only_failed_rows_and_carries_the_rest(run_dir: P
     )
     before = digests(old)
 
-    result = gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", "--judge-failed-only", cwd=run_dir)
+    result = run_gym(
+        "eval", "reverify", *SERVE, "--rollouts", "out.jsonl", "--judge-failed-only", cwd=run_dir
+    )
     assert result.returncode == 0, result.stderr
     assert "1 failed rows have no response to verify" in result.stdout
     new = RunFiles(reverified_path(old.output))
@@ -141,31 +135,9 @@ def test_failed_only_reverifies_only_failed_rows_and_carries_the_rest(run_dir: P
     assert digests(old) == before
 
 
-JUDGE = """
-judge_model:
-  responses_api_models:
-    scripted_model:
-      entrypoint: app.py
-      script: [{{answer: "{answer}"}}]
-reference_judge:
-  resources_servers:
-    reference_judge:
-      judge_model_server: {{type: responses_api_models, name: judge_model}}
-"""
-JUDGE_DATA = ROOT / "resources_servers/reference_judge/data/example.jsonl"
-JUDGE_SERVE = [
-    "--model-type",
-    "scripted_model",
-    "--resources-server",
-    "reference_judge",
-    "--config",
-    "judge.yaml",
-]
-
-
 def judged(tmp_path: Path, answer: str, *args: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "judge.yaml").write_text(JUDGE.format(answer=answer))
-    return gym("eval", *args[:1], *JUDGE_SERVE, *args[1:], cwd=tmp_path)
+    (tmp_path / "judge.yaml").write_text(JUDGE_CONFIG.format(answer=answer))
+    return run_gym("eval", *args[:1], *JUDGE_SERVE, *args[1:], cwd=tmp_path)
 
 
 def test_judge_failures_of_a_reverify_are_recorded_and_failed_only_fixes_them(tmp_path: Path) -> None:
@@ -192,7 +164,7 @@ def test_judge_failures_of_a_reverify_are_recorded_and_failed_only_fixes_them(tm
 def test_reverify_joins_a_running_stack(run_dir: Path, start_stack: Any) -> None:
     stack = start_stack(*SERVE)
     tamper(run_dir / "out.jsonl", {4: {"reward": 0.0}})
-    result = gym(
+    result = run_gym(
         "eval",
         "reverify",
         "--no-serve",
@@ -220,32 +192,20 @@ def test_a_killed_reverify_resumes_exactly(tmp_path: Path, sig: signal.Signals) 
         "12",
     )
     assert first.returncode == 0, first.stderr
-    slow_judge = JUDGE.format(answer="VERDICT: INCORRECT").replace("app.py", "app.py\n      latency_ms: 40")
+    slow_judge = JUDGE_CONFIG.format(answer="VERDICT: INCORRECT").replace(
+        "app.py", "app.py\n      latency_ms: 40"
+    )
     (tmp_path / "judge.yaml").write_text(slow_judge)
     args = ["eval", "reverify", *JUDGE_SERVE, "--rollouts", "out.jsonl", "--concurrency", "2"]
     out = tmp_path / "out_reverified.jsonl"
-    proc = subprocess.Popen(
-        gym_command(*args),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert wait_until(lambda: out.exists() and len(keys(out)) >= 8, 60)
-        proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    returncode, stderr = interrupt_gym(args, tmp_path, out, 8, sig)
     if sig == signal.SIGINT:
-        assert proc.returncode == 130 and "resume with:" in stderr
-    partial = keys(out)
+        assert returncode == 130 and "resume with:" in stderr
+    partial = row_keys(out)
     assert 8 <= len(partial) < 60
-    resumed = gym(*args, "--resume", cwd=tmp_path)
+    resumed = run_gym(*args, "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    final = keys(out)
+    final = row_keys(out)
     assert len(final) == len(set(final)) == 60
     assert f"{60 - len(partial)} rows reverified, {len(partial)} already done" in resumed.stdout
     assert {r["reward"] for r in iter_jsonl(out)} == {0.0}
@@ -254,7 +214,7 @@ def test_a_killed_reverify_resumes_exactly(tmp_path: Path, sig: signal.Signals) 
 
 def test_rows_of_an_agent_the_stack_lacks_are_refused_naming_it(run_dir: Path) -> None:
     other = ["--model-type", "scripted_model", "--resources-server", "example_multi_step"]
-    result = gym("eval", "reverify", *other, "--rollouts", "out.jsonl", cwd=run_dir)
+    result = run_gym("eval", "reverify", *other, "--rollouts", "out.jsonl", cwd=run_dir)
     assert result.returncode == 2
     assert AGENT in result.stderr and "out.jsonl" in result.stderr
     assert not (run_dir / "out_reverified.jsonl").exists()

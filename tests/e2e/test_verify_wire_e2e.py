@@ -18,6 +18,7 @@ from openai.types.responses.response_function_tool_call_output_item import (
 )
 
 from polygym.net.client import ServerClient
+from polygym.protocol import STEP_LIMIT, TERMINATION_REASON
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.launcher import Stack
@@ -65,3 +66,24 @@ async def test_agent_sends_complete_openai_response_to_verify() -> None:
     finally:
         await client.close()
         await stack.stop()
+
+
+async def test_an_agent_out_of_steps_still_sends_a_valid_response() -> None:
+    """At its step limit the agent says so in ``metadata``, not in ``incomplete_details`` (whose
+    reasons OpenAI's Response, hence every NeMo Gym verifier, restricts to the model's own)."""
+    env = "example_single_tool_call"
+    limit = f"{env}_simple_agent.responses_api_agents.simple_agent.max_steps=1"
+    config = load_config(selector_paths([env], ["scripted_model"], []), [limit], env_files=[])
+    stack = Stack(config, backend="inline", head_port=0, record=False)
+    await stack.start()
+    client = ServerClient(stack.head_url)
+    try:
+        result = (await client.call(f"{env}_simple_agent", "/run", example_rows(env)[0])).json()
+    finally:
+        await client.close()
+        await stack.stop()
+    response = result["response"]
+    assert response["status"] == "incomplete"
+    assert response["metadata"] == {TERMINATION_REASON: STEP_LIMIT}
+    assert response.get("incomplete_details") is None
+    assert_openai_response(response)

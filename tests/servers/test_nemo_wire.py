@@ -6,12 +6,13 @@ from typing import Any
 
 import orjson
 from omegaconf import OmegaConf
+from openai.types.responses import Response
 
 from polygym.net.asgi_transport import asgi_request
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, bind_socket
 from polygym.net.retry import NO_RETRY
-from polygym.protocol import VerifyRequest, complete_response
+from polygym.protocol import STEP_LIMIT, TERMINATION_REASON, VerifyRequest, complete_response
 from polygym.servers.resources import ResourcesServer
 from polygym.stack.head import Registry, head_app
 
@@ -139,3 +140,21 @@ async def test_a_nemo_gym_client_resolves_stack_names_from_the_head_without_the_
     finally:
         await client.close()
         await server.stop()
+
+
+def test_an_agents_own_stop_reason_moves_to_metadata_and_the_models_stays() -> None:
+    """OpenAI's Response admits only the model's reasons in ``incomplete_details``; an agent's own
+    (``max_steps``) would make every NeMo Gym verifier answer 422, so it goes to ``metadata``."""
+    cut = complete_response(
+        {"status": "incomplete", "incomplete_details": {"reason": STEP_LIMIT}, "metadata": {"a": "b"}}
+    )
+    assert cut["incomplete_details"] is None
+    assert cut["metadata"] == {"a": "b", TERMINATION_REASON: STEP_LIMIT}
+    assert Response.model_validate(cut).status == "incomplete"
+    model_stop = complete_response(
+        {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
+    )
+    assert (
+        model_stop["incomplete_details"] == {"reason": "max_output_tokens"} and "metadata" not in model_stop
+    )
+    Response.model_validate(model_stop)

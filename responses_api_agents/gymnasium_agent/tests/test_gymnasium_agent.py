@@ -126,7 +126,8 @@ async def test_agent_max_steps_marks_the_response_incomplete(stack):
     assert result["reward"] == 0.0 and result["num_steps"] == 3
     assert result["terminated"] is False
     assert result["response"]["status"] == "incomplete"
-    assert result["response"]["incomplete_details"] == {"reason": "max_steps"}
+    assert result["response"]["metadata"] == {"ng_termination_reason": "max_steps"}
+    assert result["response"].get("incomplete_details") is None
 
 
 async def test_model_mistakes_come_back_as_errors_and_replay_agrees(stack):

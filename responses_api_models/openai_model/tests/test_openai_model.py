@@ -27,19 +27,8 @@ from polygym.net.listen import AppServer, bind_socket
 from polygym.net.retry import NO_RETRY
 from responses_api_models.openai_model.app import OpenAIModel
 from responses_api_models.scripted_model.app import ScriptedModel
+from tests.conftest import WEATHER_RULE, sdk_weather_round_trip
 
-WEATHER_TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-WEATHER_RULE = {
-    "name": "weather",
-    "when_tools": ["get_weather"],
-    "match": r"weather in (?P<city>[A-Z][^?.,!\n]*)[?.,!]",
-    "calls": [{"tool": "get_weather", "arguments": {"city": "{city}"}}],
-    "answer": "It is {last_output} in {city}.",
-}
 FAST_RETRY = {"max_attempts": 3, "retry_base_delay_s": 0.001, "retry_max_delay_s": 0.01}
 
 
@@ -104,31 +93,7 @@ async def test_sdk_through_proxy_to_scripted_model() -> None:
     proxy = await start(OpenAIModel("policy_model", proxy_config(upstream.url + "/v1/")).app)
     sdk = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="ignored", max_retries=0)
     try:
-        input_: list[dict[str, Any]] = [{"role": "user", "content": "What's the weather in Buenos Aires?"}]
-        first = await sdk.responses.create(model="whatever", input=input_, tools=[WEATHER_TOOL])
-        (call,) = first.output
-        assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Buenos Aires"})
-        input_ += [
-            call.model_dump(exclude_none=True),
-            {"type": "function_call_output", "call_id": call.call_id, "output": "warm"},
-        ]
-        second = await sdk.responses.create(model="whatever", input=input_, tools=[WEATHER_TOOL])
-        assert second.output_text == "It is warm in Buenos Aires."
-
-        chat_tool = {"type": "function", "function": {k: v for k, v in WEATHER_TOOL.items() if k != "type"}}
-        messages: list[dict[str, Any]] = [{"role": "user", "content": "weather in Oslo?"}]
-        chat = await sdk.chat.completions.create(model="whatever", messages=messages, tools=[chat_tool])
-        assert chat.choices[0].finish_reason == "tool_calls"
-        tool_call = chat.choices[0].message.tool_calls[0]
-        messages += [
-            chat.choices[0].message.model_dump(exclude_none=True),
-            {"role": "tool", "tool_call_id": tool_call.id, "content": "snowing"},
-        ]
-        chat = await sdk.chat.completions.create(model="whatever", messages=messages, tools=[chat_tool])
-        assert (chat.choices[0].finish_reason, chat.choices[0].message.content) == (
-            "stop",
-            "It is snowing in Oslo.",
-        )
+        await sdk_weather_round_trip(sdk)
 
         models = await sdk.models.list()
         assert [m.id for m in models.data] == ["policy-7b"]

@@ -37,22 +37,11 @@ from responses_api_models.vllm_model.app import (
     upstream_policy_version,
 )
 from responses_api_models.vllm_model.routing import UpstreamPool
+from tests.conftest import WEATHER_RULE, WEATHER_TOOL, sdk_weather_round_trip
 from tests.net.fake_upstream import Answer, FakeUpstream, cut_reply, gzip_bomb, reply
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "configs" / "vllm_model.yaml"
 
-WEATHER_TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-WEATHER_RULE = {
-    "name": "weather",
-    "when_tools": ["get_weather"],
-    "match": r"weather in (?P<city>[A-Z][^?.,!\n]*)[?.,!]",
-    "calls": [{"tool": "get_weather", "arguments": {"city": "{city}"}}],
-    "answer": "It is {last_output} in {city}.",
-}
 FAST = {"retry_base_delay_s": 0.001, "retry_max_delay_s": 0.01}
 
 Handler = Callable[[dict[str, Any]], Awaitable[tuple[int, Any]] | tuple[int, Any]]
@@ -170,36 +159,9 @@ async def test_sdk_responses_and_chat_through_to_scripted_model(servers: list[Ap
     proxy = await serve_model(servers, **config(scripted.url + "/v1/"))
     sdk = AsyncOpenAI(base_url=proxy.url + "/v1", api_key="ignored", max_retries=0)
     try:
-        input_: list[dict[str, Any]] = [{"role": "user", "content": "What's the weather in Buenos Aires?"}]
-        first = await sdk.responses.create(model="whatever", input=input_, tools=[WEATHER_TOOL])
-        assert first.status == "completed"
-        (call,) = first.output
-        assert call.type == "function_call"
-        assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Buenos Aires"})
-        assert first.model == "policy-7b"
+        first = await sdk_weather_round_trip(sdk)
+        assert first.status == "completed" and first.model == "policy-7b"
         assert first.usage is not None and first.usage.input_tokens == 6
-        input_ += [
-            call.model_dump(exclude_none=True),
-            {"type": "function_call_output", "call_id": call.call_id, "output": "warm"},
-        ]
-        second = await sdk.responses.create(model="whatever", input=input_, tools=[WEATHER_TOOL])
-        assert second.output_text == "It is warm in Buenos Aires."
-
-        chat_tool = {"type": "function", "function": {k: v for k, v in WEATHER_TOOL.items() if k != "type"}}
-        messages: list[dict[str, Any]] = [{"role": "user", "content": "weather in Oslo?"}]
-        chat = await sdk.chat.completions.create(model="whatever", messages=messages, tools=[chat_tool])
-        assert chat.choices[0].finish_reason == "tool_calls"
-        tool_call = chat.choices[0].message.tool_calls[0]
-        assert json.loads(tool_call.function.arguments) == {"city": "Oslo"}
-        messages += [
-            chat.choices[0].message.model_dump(exclude_none=True),
-            {"role": "tool", "tool_call_id": tool_call.id, "content": "snowing"},
-        ]
-        chat = await sdk.chat.completions.create(model="whatever", messages=messages, tools=[chat_tool])
-        assert (chat.choices[0].finish_reason, chat.choices[0].message.content) == (
-            "stop",
-            "It is snowing in Oslo.",
-        )
         assert [m.id for m in (await sdk.models.list()).data] == ["policy-7b"]
     finally:
         await sdk.close()
