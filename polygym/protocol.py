@@ -13,7 +13,7 @@ import copy
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -109,6 +109,13 @@ class VerifyResponse(VerifyRequest):
     """The verify result: the request echoed back plus ``reward`` and any verifier fields."""
 
     reward: float
+
+    @classmethod
+    def of(cls, request: VerifyRequest, **verdict: Any) -> Self:
+        """The request echoed back with this verdict. A request may already carry an earlier
+        verdict's fields (a stored rollout sent again by ``gym eval reverify``, NeMo Gym's
+        reverify): the new verdict replaces them instead of colliding with them."""
+        return cls(**{**request.model_dump(), **verdict})
 
 
 class SeedSessionRequest(OpenModel):

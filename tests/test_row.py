@@ -52,3 +52,23 @@ def test_make_job_applies_sampling_seed_per_repeat_and_routing() -> None:
     assert job.row[TASK_INDEX] == 4 and job.row[ROLLOUT_INDEX] == 2 and job.row["extra"] == 1
     assert data["responses_create_params"] == {"input": "hi", "temperature": 1.0}  # the row is not changed
     assert "seed" not in make_job(data, "agent_a", 0, 0).row["responses_create_params"]
+
+
+def test_a_verdict_replaces_the_earlier_one_a_request_carries() -> None:
+    from polygym.protocol import VerifyRequest, VerifyResponse, new_response
+
+    class Verdict(VerifyResponse):
+        passed: bool
+
+    request = VerifyRequest.model_validate(
+        {
+            "responses_create_params": {"input": "hi"},
+            "response": new_response([], model="m"),
+            "reward": 1.0,
+            "passed": True,
+            "task": "t1",
+        }
+    )
+    verdict = Verdict.of(request, reward=0.0, passed=False)
+    assert (verdict.reward, verdict.passed) == (0.0, False)
+    assert verdict.model_dump()["task"] == "t1"  # the rest of the row is echoed back

@@ -179,8 +179,8 @@ class __CLASS__(ResourcesServer):
     async def verify(self, body: __CLASS__VerifyRequest, session: Session) -> __CLASS__VerifyResponse:
         """Reward 1.0 when the last integer of the final answer is the expected product, else 0.0."""
         answer = extract_answer(body.response.output_text())
-        return __CLASS__VerifyResponse(
-            **body.model_dump(),
+        return __CLASS__VerifyResponse.of(
+            body,
             reward=1.0 if answer == body.expected_answer else 0.0,
             extracted_answer=answer,
             multiply_calls=session.state.get("multiply_calls", 0),

@@ -260,8 +260,8 @@ class EpisodicServer(ResourcesServer[EpisodicConfigT]):
         rewards = list(episode.get("rewards") or [])
         low, high = self.config.reward_range
         total = min(high, max(low, math.fsum(rewards)))
-        return EpisodicVerifyResponse(
-            **body.model_dump(),
+        return EpisodicVerifyResponse.of(
+            body,
             reward=total,
             step_rewards=rewards,
             num_steps=len(rewards),

@@ -172,8 +172,8 @@ class CodeExec(ResourcesServer[CodeExecConfig]):
         total = len(body.tests)
         rate = passed / total
         reward = (1.0 if passed == total else 0.0) if self.config.all_or_nothing else rate
-        return CodeExecVerifyResponse(
-            **body.model_dump(),
+        return CodeExecVerifyResponse.of(
+            body,
             reward=reward,
             num_passed=passed,
             num_tests=total,

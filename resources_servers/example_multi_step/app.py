@@ -91,8 +91,8 @@ class ExampleMultiStep(ResourcesServer):
         ordered = extracted == expected
         mines = {body.minefield_label, body.minefield_label_value} - {None}
         recorded = session.state.get("submissions") or [None]
-        return SynonymVerifyResponse(
-            **body.model_dump(),
+        return SynonymVerifyResponse.of(
+            body,
             reward=1.0 if ordered else 0.0,
             extracted_synonym_values=extracted,
             ordered_match=ordered,

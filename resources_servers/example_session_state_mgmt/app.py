@@ -194,8 +194,8 @@ class ExampleSessionStateMgmt(ResourcesServer):
         expected = body.expected_count if body.expected_final_value is None else body.expected_final_value
         counter_ok = final == expected
         answer_ok = reported == expected or body.expected_final_value is None
-        return CounterVerifyResponse(
-            **body.model_dump(),
+        return CounterVerifyResponse.of(
+            body,
             reward=1.0 if counter_ok and answer_ok else 0.0,
             final_value=final,
             value_source=source,

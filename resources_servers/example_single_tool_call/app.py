@@ -64,8 +64,8 @@ class ExampleSingleToolCall(ResourcesServer):
         else:
             named = city is not None and normalize_city(city) == normalize_city(body.expected_city)
             earned = answered and named
-        return WeatherVerifyResponse(
-            **body.model_dump(),
+        return WeatherVerifyResponse.of(
+            body,
             reward=1.0 if earned else 0.0,
             called_tool=bool(calls),
             called_city=city,

@@ -110,8 +110,8 @@ class MathWithVerify(ResourcesServer[MathWithVerifyConfig]):
                 "validation_error",
             )
         graded = graded or {}
-        return MathVerifyResponse(
-            **body.model_dump(),
+        return MathVerifyResponse.of(
+            body,
             reward=1.0 if graded.get("correct") else 0.0,
             extracted_answer=graded.get("extracted_answer"),
             extracted_text=graded.get("extracted_text"),

@@ -210,8 +210,8 @@ class Mcqa(ResourcesServer[McqaConfig]):
         mode = body.extraction or graded or self.config.extraction
         text = body.response.output_text()[-self.config.max_answer_chars :]
         letter, rule = extract_letter(text, labels, mode, options)
-        return McqaVerifyResponse(
-            **body.model_dump(),
+        return McqaVerifyResponse.of(
+            body,
             reward=1.0 if letter == body.expected_answer.strip().upper() else 0.0,
             extracted_answer=letter,
             extraction_used=mode,

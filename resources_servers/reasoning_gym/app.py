@@ -165,8 +165,8 @@ class ReasoningGym(ResourcesServer[ReasoningGymConfig]):
         status: str,
         error: str | None,
     ) -> ReasoningGymVerifyResponse:
-        return ReasoningGymVerifyResponse(
-            **body.model_dump(),
+        return ReasoningGymVerifyResponse.of(
+            body,
             reward=reward,
             extracted_answer=answer,
             score_status=status,

@@ -93,8 +93,8 @@ class ReferenceJudge(ResourcesServer[ReferenceJudgeConfig]):
             body.response.output_text().rsplit("</think>", 1)[-1].strip()[-self.config.max_answer_chars :]
         )
         if not answer:  # nothing to judge: wrong without asking anyone
-            return ReferenceJudgeVerifyResponse(
-                **body.model_dump(),
+            return ReferenceJudgeVerifyResponse.of(
+                body,
                 reward=0.0,
                 judged_answer="",
                 judge_verdict=None,
@@ -102,8 +102,8 @@ class ReferenceJudge(ResourcesServer[ReferenceJudgeConfig]):
                 judge_attempts=0,
             )
         verdict = await self.judge.ask(judge_prompt(body.question, body.reference_answer, answer))
-        return ReferenceJudgeVerifyResponse(
-            **body.model_dump(),
+        return ReferenceJudgeVerifyResponse.of(
+            body,
             reward=1.0 if verdict.value else 0.0,
             judged_answer=answer,
             judge_verdict=verdict.value,

@@ -150,3 +150,13 @@ def test_dataset_has_five_valid_rows_with_parsable_prompts():
 
 def test_generator_reproduces_the_file_byte_for_byte(tmp_path):
     testing.assert_generator_reproduces(DATA, tmp_path)
+
+
+async def test_a_stored_result_sent_again_gets_a_fresh_verdict(env):
+    """``gym eval reverify`` (and NeMo Gym's) sends a stored rollout, earlier verdict included."""
+    row = ROWS[0]
+    first = await verify(env, row, rollout(row["expected_city"], f"{row['expected_city']}: sunny."))
+    assert first["reward"] == 1.0 and first["called_tool"] is True
+    stored = {k: v for k, v in first.items() if k != "response"}
+    again = await verify(env, stored, rollout(None, "No idea."))
+    assert again["reward"] == 0.0 and again["called_tool"] is False and again["called_city"] is None
