@@ -37,7 +37,7 @@ from starlette.routing import Route
 from polygym.net import budget, failure
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.redact import mask_secrets
-from polygym.servers.inbound import InboundGuard
+from polygym.servers.inbound import InboundGuard, InFlight
 
 logger = logging.getLogger("polygym.servers.base")
 
@@ -206,6 +206,8 @@ class BaseServer(Generic[ConfigT]):
         self.client = client or ServerClient()
         self._app: Starlette | None = None
         self._direct: dict[tuple[str, str], JsonEndpoint] = {}
+        self.in_flight = InFlight()
+        """Requests being served, in-process and over HTTP (``GET /`` reports it as ``in_flight``)."""
 
     @property
     def implementation(self) -> str:
@@ -228,7 +230,9 @@ class BaseServer(Generic[ConfigT]):
                 for method in route.methods or ()
             }
             self._app = Starlette(
-                routes=routes, lifespan=self._lifespan, middleware=[Middleware(InboundGuard)]
+                routes=routes,
+                lifespan=self._lifespan,
+                middleware=[Middleware(InboundGuard, in_flight=self.in_flight)],
             )
         return self._app
 
@@ -239,7 +243,8 @@ class BaseServer(Generic[ConfigT]):
         endpoint = self._direct.get((method, path)) if self._app is not None else None
         if endpoint is None:
             return None
-        response = await endpoint.respond(body, DirectRequest(path, cookies))
+        with self.in_flight.serving():
+            response = await endpoint.respond(body, DirectRequest(path, cookies))
         return response.status_code, response.raw_headers, bytes(response.body)
 
     async def startup(self) -> None:
@@ -250,7 +255,13 @@ class BaseServer(Generic[ConfigT]):
 
     async def health(self) -> dict[str, Any]:
         """Liveness payload of ``GET /``; subclasses add counters worth watching (served masked)."""
-        return {"status": "ok", "name": self.name, "kind": self.kind, "pid": os.getpid()}
+        return {
+            "status": "ok",
+            "name": self.name,
+            "kind": self.kind,
+            "pid": os.getpid(),
+            "in_flight": self.in_flight.count,
+        }
 
     async def _liveness(self, request: Request) -> Response:
         return json_response(mask_secrets(await self.health()))
