@@ -7,16 +7,24 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from polygym.blend.mix import load_blend
+from polygym.blend.spec import spec_from_flags
+from polygym.collect.run_files import RunFiles
 from polygym.errors import ConfigError
+from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.net.client import ServerClient
+from polygym.stack import records as stacks
 from polygym.stack.launcher import Stack
 from polygym.stack.placement import cores_available, parse_workers
 from tests.conftest import gone, gym_command, wait_until
+from tests.e2e.test_eval_e2e import SERVE, gym, keys
+from tests.e2e.test_eval_guards_e2e import LATENCY, finish, start_run
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
 
 SINGLE = "example_single_tool_call"
@@ -155,3 +163,34 @@ def test_env_start_refuses_workers_with_another_backend() -> None:
         timeout=60,
     )
     assert run.returncode == 2 and "--workers needs --backend inline" in run.stderr
+
+
+def test_a_worker_killed_mid_run_gives_failure_rows_and_resume_finishes_exactly(tmp_path: Path) -> None:
+    data = tmp_path / "in.jsonl"
+    write_jsonl(load_blend(spec_from_flags(ENVS)).ordered("shuffled"), data)
+    out = tmp_path / "out.jsonl"
+    args = [*SERVE, "--workers", "2", "--input", str(data), "--output", str(out)]
+    args += ["--num-repeats", "20", "--concurrency", "8", f"{LATENCY}=20"]
+    run = start_run(*args, cwd=tmp_path)
+    try:
+        assert wait_until(lambda: any(r["pid"] == run.pid for r in stacks.list_stacks()), 60)
+        [record] = [r for r in stacks.list_stacks() if r["pid"] == run.pid]
+        victim = next(s["pid"] for s in record["servers"] if s.get("replica") == 1)
+        assert wait_until(lambda: out.exists() and len(keys(out)) >= 10, 60)
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = finish(run)
+    finally:
+        if run.poll() is None:
+            finish(run, 5)
+    assert run.returncode == 1, stderr
+    assert f"worker 1 (pid {victim}" in " ".join(stderr.split())
+    failures = list(iter_jsonl(RunFiles(out).failures))
+    # At most what was in flight on the dead worker fails (the client's retries may send a cut
+    # rollout to the other worker instead); the other worker did all the rest.
+    assert len(failures) <= 8
+    assert len(keys(out)) + len(failures) == 200
+
+    resumed = gym("eval", "run", *args, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    done = keys(out)
+    assert len(done) == len(set(done)) == 200
