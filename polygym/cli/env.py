@@ -33,6 +33,7 @@ from polygym.net.retry import NO_RETRY
 from polygym.stack import records as stacks
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError
+from polygym.stack.external import EXTERNAL
 from polygym.stack.head import slot_of
 from polygym.stack.launcher import BACKENDS, Stack
 from polygym.stack.placement import parse_workers
@@ -77,7 +78,9 @@ def server_table(
         table.add_column(column)
     for entry in servers:
         row = [_cell(entry, f) for f in ("name", "kind", "implementation", "url", "pid", "registered_by")]
-        row.append(escape(pool_label(entry.get("pool_size"))))
+        row.append(
+            "-" if entry.get("implementation") == EXTERNAL else escape(pool_label(entry.get("pool_size")))
+        )
         if replicas:
             row.extend(
                 [_cell(entry, "replica"), escape(node_of(entry)), escape(str(entry.get("restarts", 0)))]
