@@ -6,6 +6,8 @@ behind `openai_model`, so the proxy hop is measured too; `--via scripted` puts t
 inside the stack instead. The collector is `polygym.collect.rollouts.collect`, the engine of
 `gym eval run`: `--collector inproc` hosts the stack in this process (what `gym eval run` does by
 default), `--collector http` talks to a separate `gym env start` (what `--no-serve` does).
+`--workers N` runs the stack as N inline copies, one process each (`gym eval run --workers N`);
+`--backend ray` as Ray actors on a local cluster.
 
 Each cell runs ROLLOUTS rollouts or stops after --max-seconds, whichever is first (a cell at
 concurrency 1 with 200 ms model latency would otherwise take half an hour).
@@ -109,14 +111,15 @@ async def measure(
     stack: Stack | None = None
     try:
         if args.collector == "http":
-            served = GymStack([*selectors, "--backend", args.backend, *overrides], state / "stack")
+            workers = ["--workers", str(args.workers)] if args.workers else []
+            served = GymStack([*selectors, "--backend", args.backend, *workers, *overrides], state / "stack")
             external.append(served)
             client = ServerClient(served.record["head_url"], pool_size=max(64, concurrency))
         else:
             rs = [e for e in ENVS]
             model = "openai_model" if args.via == "openai" else "scripted_model"
             config = load_config(selector_paths(rs, [model], []), overrides, env_files=[])
-            stack = Stack(config, backend=args.backend, head_port=0, record=False)
+            stack = Stack(config, backend=args.backend, head_port=0, record=False, workers=args.workers)
             await stack.start()
             client = stack.client or ServerClient(stack.head_url, pool_size=max(64, concurrency))
         pids = [os.getpid(), *[p for e in external for p in e.pids]]
@@ -154,6 +157,7 @@ async def measure(
         "of_which_endpoint_ms": 1000 * upstream_cpu / done if done else float("nan"),
         "peak_rss_mib": memory.peak / 2**20,
         "model_calls_per_rollout": calls,
+        "load_1m_after": os.getloadavg()[0],
     }
 
 
@@ -171,19 +175,21 @@ def main() -> None:
     parser.add_argument("--via", choices=["openai", "scripted"], default="openai")
     parser.add_argument("--collector", choices=["inproc", "http"], default="inproc")
     parser.add_argument("--backend", choices=["inline", "subprocess", "ray"], default="inline")
+    parser.add_argument("--workers", type=int, default=None, help="copies of the inline stack")
     parser.add_argument("--max-seconds", type=float, default=60.0)
     parser.add_argument("--name", default="throughput")
     args = parser.parse_args()
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows = []
+    title = f"{args.name}: via={args.via} collector={args.collector} backend={args.backend}"
+    title += f" workers={args.workers}" if args.workers else ""
     for latency in parse_list(args.latency_ms):
         for concurrency in parse_list(args.concurrency):
             with tempfile.TemporaryDirectory() as tmp:
                 row = run_async(measure(args, int(concurrency), latency, Path(tmp)))
             rows.append(row)
-            print_table(
-                f"{args.name}: via={args.via} collector={args.collector} backend={args.backend}", [row]
-            )
-    print_table(f"{args.name}: via={args.via} collector={args.collector} backend={args.backend}", rows)
+            print_table(title, [row])
+    print_table(title, rows)
     write_json(args.name, {"args": vars(args), "rows": rows})
 
 

@@ -86,7 +86,8 @@ class StackProcess:
         return next(s for s in self.record["servers"] if s["name"] == name)
 
     def child_pids(self) -> list[int]:
-        return sorted({s["pid"] for s in self.record["servers"]} - {self.proc.pid})
+        """The processes the stack started (an external server has no pid of ours)."""
+        return sorted({s["pid"] for s in self.record["servers"] if s.get("pid")} - {self.proc.pid})
 
     def wait(self, timeout_s: float = 30.0) -> int:
         return self.proc.wait(timeout_s)

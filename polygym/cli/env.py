@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 import orjson
@@ -32,7 +33,10 @@ from polygym.net.retry import NO_RETRY
 from polygym.stack import records as stacks
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError
+from polygym.stack.external import EXTERNAL
+from polygym.stack.head import slot_of
 from polygym.stack.launcher import BACKENDS, Stack
+from polygym.stack.placement import parse_workers
 from polygym.suggest import unknown_name_message
 
 DEFAULT_BACKEND = "inline"
@@ -46,26 +50,45 @@ def env() -> None:
 REGISTRY_TIMEOUT_S = 2.0
 SERVER_COLUMNS = ("name", "kind", "implementation", "url", "pid", "registered by", "pool")
 REPLICA_COLUMNS = ("replica", "node", "restarts")
-"""Shown when the stack places replicas (the Ray backend): where each one runs, and how often it died."""
+"""Shown when the stack places replicas (Ray, ``--workers``): where each one runs, how often it died."""
 
 
 def _cell(entry: dict[str, Any], field: str) -> str:
     return escape(str(entry.get(field) if entry.get(field) is not None else "?"))
 
 
-def server_table(servers: list[dict[str, Any]], title: str, health: dict[str, str] | None = None) -> Table:
-    """One row per registry entry; every value came over the wire, so all of it is escaped."""
+def node_of(entry: dict[str, Any]) -> str:
+    """The node a replica runs on: the one Ray reports, else the host of its URL."""
+    return str(entry.get("node_ip") or urlsplit(str(entry.get("url", ""))).hostname or "?")
+
+
+def server_table(
+    servers: list[dict[str, Any]],
+    title: str,
+    health: dict[str, str] | None = None,
+    in_flight: dict[str, Any] | None = None,
+) -> Table:
+    """One row per registry entry (each replica its own row); every value came over the wire, so
+    all of it is escaped. ``health`` and ``in_flight``: what each replica's own ``GET /`` said,
+    by registry slot."""
     table = Table(title=escape(title), title_justify="left")
     replicas = any("replica" in entry for entry in servers)
     extra = REPLICA_COLUMNS if replicas else ()
-    for column in (*SERVER_COLUMNS, *extra, *(["health"] if health is not None else [])):
+    for column in (*SERVER_COLUMNS, *extra, *(["in flight", "health"] if health is not None else [])):
         table.add_column(column)
     for entry in servers:
         row = [_cell(entry, f) for f in ("name", "kind", "implementation", "url", "pid", "registered_by")]
-        row.append(escape(pool_label(entry.get("pool_size"))))
-        row.extend(_cell(entry, f) for f in ("replica", "node_ip", "restarts") if replicas)
+        row.append(
+            "-" if entry.get("implementation") == EXTERNAL else escape(pool_label(entry.get("pool_size")))
+        )
+        if replicas:
+            row.extend(
+                [_cell(entry, "replica"), escape(node_of(entry)), escape(str(entry.get("restarts", 0)))]
+            )
         if health is not None:
-            status = escape(health.get(str(entry.get("name")), "?"))
+            count = (in_flight or {}).get(slot_of(entry))
+            row.append(escape(str(count if count is not None else "?")))
+            status = escape(health.get(slot_of(entry), "?"))
             row.append(f"[green]{status}[/]" if status.startswith("ok") else f"[red]{status}[/]")
         table.add_row(*row)
     return table
@@ -112,6 +135,7 @@ def start(
     concurrency: int | None,
     ray_address: str | None,
     replicas: tuple[str, ...],
+    workers: str | None,
 ) -> None:
     """Start every server of the merged config in the foreground; Ctrl-C stops them all.
 
@@ -130,6 +154,7 @@ def start(
             pool_size=concurrency,
             ray_address=ray_address,
             replicas=replica_counts(replicas, config),
+            workers=parse_workers(workers),
         )
     except (LaunchError, ConfigError) as exc:
         fail(str(exc), EXIT_USAGE)
@@ -181,34 +206,43 @@ async def _registry(head_url: str) -> list[dict[str, Any]] | None:
 
 
 def _unexpected(registry: list[dict[str, Any]], launched: list[dict[str, Any]]) -> list[str]:
-    """Registry entries the launcher did not record (a name it never started, another url or pid)."""
-    known = {s["name"]: (s.get("url"), s.get("pid")) for s in launched}
-    return [
-        str(e.get("name")) for e in registry if known.get(str(e.get("name"))) != (e.get("url"), e.get("pid"))
-    ]
+    """Registry slots the launcher did not record (a name it never started, another url or pid)."""
+    known = {slot_of(s): (s.get("url"), s.get("pid")) for s in launched}
+    return [slot_of(e) for e in registry if known.get(slot_of(e)) != (e.get("url"), e.get("pid"))]
 
 
 async def _inspect(record: dict[str, Any]) -> None:
-    """Add the live registry, what in it the launcher did not start, and each server's health."""
+    """Add the live registry, what in it the launcher did not start, and each replica's health."""
     registry = await _registry(record["head_url"])
     record["registry"] = registry
     record["unexpected"] = _unexpected(registry, record["servers"]) if registry is not None else []
-    record["health"] = await _health(registry if registry is not None else record["servers"])
+    probes = await _health(registry if registry is not None else record["servers"])
+    record["health"] = {slot: probe["status"] for slot, probe in probes.items()}
+    record["in_flight"] = {slot: probe.get("in_flight") for slot, probe in probes.items()}
 
 
-async def _health(servers: list[dict[str, Any]]) -> dict[str, str]:
+async def _health(servers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every replica pinged on its own URL (not one per name): its status and requests in flight."""
     client = ServerClient(pool_size=64)
     try:
 
-        async def probe(entry: dict[str, Any]) -> tuple[str, str]:
+        async def probe(entry: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+            slot = slot_of(entry)
             try:
-                reply = await client.request_url("GET", entry["url"] + "/", timeout_s=2.0, retry=NO_RETRY)
+                url = entry["url"] + str(entry.get("health_path") or "/")
+                reply = await client.request_url("GET", url, timeout_s=2.0, retry=NO_RETRY)
             except ServerCallError as exc:
-                return entry["name"], f"down ({exc.error_class})"
+                return slot, {"status": f"down ({exc.error_class})"}
             if reply.status != 200:
-                return entry["name"], f"unhealthy (HTTP {reply.status})"
-            sessions = (reply.json() or {}).get("sessions")
-            return entry["name"], f"ok, {sessions['active']} sessions" if sessions else "ok"
+                return slot, {"status": f"unhealthy (HTTP {reply.status})"}
+            try:
+                body = reply.json()
+            except ServerCallError:
+                body = None
+            body = body if isinstance(body, dict) else {}
+            sessions = body.get("sessions")
+            status = f"ok, {sessions['active']} sessions" if isinstance(sessions, dict) else "ok"
+            return slot, {"status": status, "in_flight": body.get("in_flight")}
 
         return dict(await asyncio.gather(*(probe(e) for e in servers)))
     finally:
@@ -220,9 +254,10 @@ async def _health(servers: list[dict[str, Any]]) -> dict[str, str]:
 def status(as_json: bool) -> None:
     """List running stacks, what each head server's registry holds, and each server's health.
 
-    The table is the live registry (name, url, pid, who registered it), not the launcher's record
-    of what it started, so a server that should not be there would show; entries that differ from
-    the record are named below the table.
+    The table is the live registry (name, url, pid, who registered it; for replicas their node and
+    restarts), not the launcher's record of what it started, so a server that should not be there
+    would show; entries that differ from the record are named below the table. Every replica is
+    pinged at its own URL for its health and the requests it has in flight.
     """
     records = stacks.list_stacks()
     for record in records:
@@ -242,7 +277,11 @@ def status(as_json: bool) -> None:
         if record["registry"] is None:
             head = escape(record["head_url"])
             out.print(f"[red]head server {head} does not answer;[/] the servers it started:")
-        out.print(server_table(record["registry"] or record["servers"], title, record["health"]))
+        out.print(
+            server_table(
+                record["registry"] or record["servers"], title, record["health"], record["in_flight"]
+            )
+        )
         if record["unexpected"]:
             names = ", ".join(record["unexpected"])
             out.print(f"[red]not started by this stack's launcher (or moved):[/] {escape(names)}")

@@ -61,6 +61,7 @@ from polygym.stack import records as stacks
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError, StackConfig, parse_override
 from polygym.stack.launcher import BACKENDS, Stack, SubprocessBackend
+from polygym.stack.placement import parse_workers
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
 
@@ -459,9 +460,12 @@ def stack_target(opts: dict[str, Any], spec: BlendSpec | None = None) -> StackTa
     config = load_stack_config(*selectors) if spec is None else blend_stack_config(spec, *selectors)
     try:
         replicas = replica_counts(opts["replicas"], config)
+        workers = parse_workers(opts["workers"])
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-    return StackTarget(config, backend=opts["backend"], ray_address=opts["ray_address"], replicas=replicas)
+    return StackTarget(
+        config, backend=opts["backend"], ray_address=opts["ray_address"], replicas=replicas, workers=workers
+    )
 
 
 def _load(settings: EvalRunSettings, agents: list[str]) -> JobPlan:

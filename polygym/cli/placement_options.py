@@ -1,7 +1,8 @@
 """The options that place a started stack's servers, shared by ``gym env start`` and ``gym eval run``.
 
-``--ray-address`` and ``--replicas`` only mean something for the Ray backend and for a stack this
-command starts; given anywhere else they are refused (exit 2) instead of silently ignored.
+``--ray-address`` and ``--replicas`` only mean something for the Ray backend, ``--workers`` for the
+inline one, and all three for a stack this command starts; given anywhere else they are refused
+(exit 2) instead of silently ignored.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def placement_options(func: F) -> F:
-    """Add ``--ray-address`` and ``--replicas NAME=N`` (repeatable) to a command."""
+    """Add ``--ray-address``, ``--replicas NAME=N`` (repeatable) and ``--workers N|auto`` to a command."""
+    func = click.option(
+        "--workers",
+        default=None,
+        metavar="N|auto",
+        help="Run N copies of the whole stack, one process each, and spread rollouts over them "
+        "(auto: one per core this process may use); calls inside a copy stay in-process. "
+        "Inline backend only.",
+    )(func)
     func = click.option(
         "--replicas",
         "replicas",
@@ -45,6 +54,7 @@ NOT_WHEN_JOINING = {
     "ray_address": "only applies to a stack this command starts, not with --no-serve",
     "replicas": "only applies to a stack this command starts, not with --no-serve",
     "backend": "only applies to a stack this command starts, not with --no-serve",
+    "workers": "only applies to a stack this command starts, not with --no-serve",
 }
 
 

@@ -4,6 +4,12 @@ When caller and callee share one process (the inline backend), a loopback HTTP r
 two syscalls-heavy parses and a connection for nothing. Calling the app object directly keeps the
 exact HTTP semantics the app implements (routing, status codes, cookies) at a fraction of the cost.
 
+A successful JSON reply need not be encoded at all: the callee hands its value over
+(``Handoff``), provided nothing of it stays shared with the callee — the one guarantee the wire
+gives that an in-process call must keep. The request goes the other way as bytes (the caller's
+``orjson.dumps``, the callee's ``orjson.loads``): an orjson round trip is also the cheapest deep
+copy of JSON data in Python (see ``Handoff``), so nothing is gained by passing the object.
+
 Behind a socket, every request runs in a task of its own; ``in_own_context`` gives an in-process
 call the same, so that what a handler does to context variables (a request id, a tracing span,
 a library's per-request state) stays in that request instead of changing its caller's.
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -22,6 +29,19 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """A 200 JSON reply passed in-process as its value, which the callee no longer holds.
+
+    The callee makes it its caller's own: a pydantic model's ``model_dump(mode="json")`` builds new
+    containers all the way down, anything else is copied by an orjson round trip. Measured on the
+    rows of this repository, that round trip costs about what a hand-written recursive copy does
+    and several times less than ``copy.deepcopy``; a model dump is needed for the wire anyway.
+    """
+
+    value: Any
 
 
 async def asgi_request(

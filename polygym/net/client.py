@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
 
@@ -24,7 +23,7 @@ import aiohttp
 import orjson
 
 from polygym.net import budget, failure
-from polygym.net.asgi_transport import ASGIApp, asgi_request, in_own_context
+from polygym.net.asgi_transport import ASGIApp, Handoff, asgi_request, in_own_context
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES, ResponseTooLarge, read_limited
 from polygym.net.replicas import Replicas
 from polygym.net.retry import RetryPolicy
@@ -34,8 +33,10 @@ from polygym.suggest import unknown_name_message
 DEFAULT_TIMEOUT_S = 300.0
 KEEPALIVE_S = 15.0
 Dispatch = Callable[
-    [str, str, bytes, dict[str, str]], Awaitable[tuple[int, list[tuple[bytes, bytes]], bytes] | None]
+    [str, str, bytes, dict[str, str]],
+    Awaitable[tuple[int, list[tuple[bytes, bytes]], bytes] | Handoff | None],
 ]
+JSON_HEADERS = {"content-type": "application/json"}
 DEFAULT_RETRY = RetryPolicy()
 
 
@@ -63,19 +64,45 @@ class UnknownServerError(ServerCallError):
     """The name is not in the registry."""
 
 
-@dataclass
 class Reply:
-    """One HTTP reply; ``headers`` have lower-case names, ``source`` names the call in errors."""
+    """One HTTP reply; ``headers`` have lower-case names, ``source`` names the call in errors.
 
-    status: int
-    body: bytes
-    cookies: dict[str, str] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
-    source: str = ""
+    A reply from a server in this process may carry its JSON value itself (``Handoff``): ``json()``
+    returns it without parsing, and ``body`` is encoded from it only when someone reads it.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes = b"",
+        cookies: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        source: str = "",
+        handoff: Handoff | None = None,
+    ) -> None:
+        self.status = status
+        self.cookies = cookies or {}
+        self.headers = headers or {}
+        self.source = source
+        self._body = body if handoff is None else None
+        self._handoff = handoff
+        self._handed = False
+
+    @property
+    def body(self) -> bytes:
+        if self._body is None:
+            assert self._handoff is not None
+            self._body = orjson.dumps(self._handoff.value)
+        return self._body
 
     def json(self) -> Any:
         """The parsed body; a body that is not JSON is a ``BadJSON`` ServerCallError, so it is
-        recorded as what it is instead of as a crash of whoever read it."""
+        recorded as what it is instead of as a crash of whoever read it. A handed-off value is
+        returned the first time as it came (the caller's own from then on), later parsed from
+        ``body`` as any reply is."""
+        if self._handoff is not None and not self._handed:
+            self._handed = True
+            return self._handoff.value
         try:
             return orjson.loads(self.body) if self.body else None
         except orjson.JSONDecodeError as exc:
@@ -294,6 +321,8 @@ class ServerClient:
         if name in self._local:
             async with asyncio.timeout(timeout_s):
                 served = await in_own_context(self._serve_local(name, method, path, body, cookies, left))
+            if isinstance(served, Handoff):
+                return Reply(200, headers=JSON_HEADERS, handoff=served)
             return Reply(served[0], served[2], _cookies_from_headers(served[1]), _header_dict(served[1]))
         await self.resolve(name)
         url = self._replicas.pick(name, cookies)
@@ -311,7 +340,7 @@ class ServerClient:
         body: bytes,
         cookies: dict[str, str] | None,
         left: budget.CallBudget,
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | Handoff:
         """A call to a server in this process, inside the budget left (this runs in a task of its
         own, so the budget is the callee's only): its ``dispatch`` serves JSON routes, its app the rest."""
         with budget.within(left):

@@ -35,9 +35,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym.net import budget, failure
+from polygym.net.asgi_transport import Handoff
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.redact import mask_secrets
-from polygym.servers.inbound import InboundGuard
+from polygym.servers.inbound import InboundGuard, InFlight
 
 logger = logging.getLogger("polygym.servers.base")
 
@@ -70,6 +71,13 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
     if isinstance(data, BaseModel):
         data = data.model_dump(mode="json")
     return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
+
+
+def owned_copy(result: Any) -> Any:
+    """``result`` as JSON data sharing nothing with it: what the wire would deliver, unencoded."""
+    if isinstance(result, BaseModel):
+        return result.model_dump(mode="json")
+    return orjson.loads(orjson.dumps(result))
 
 
 def error_response(
@@ -128,6 +136,11 @@ class JsonEndpoint:
             return await self.respond(await request.body(), request)
 
     async def respond(self, raw: bytes, request: Any) -> Response:
+        result = await self.answer(raw, request)
+        return result if isinstance(result, Response) else json_response(result)
+
+    async def answer(self, raw: bytes, request: Any) -> Any:
+        """The handler's result as it returned it (a value, or its own Response), or an error Response."""
         try:
             data = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError as exc:
@@ -149,7 +162,7 @@ class JsonEndpoint:
         except Exception as exc:
             logger.exception("%s failed", request.url.path)
             return error_response(500, type(exc).__name__, str(exc) or repr(exc))
-        return result if isinstance(result, Response) else json_response(result)
+        return result
 
 
 def json_endpoint(
@@ -206,6 +219,8 @@ class BaseServer(Generic[ConfigT]):
         self.client = client or ServerClient()
         self._app: Starlette | None = None
         self._direct: dict[tuple[str, str], JsonEndpoint] = {}
+        self.in_flight = InFlight()
+        """Requests being served, in-process and over HTTP (``GET /`` reports it as ``in_flight``)."""
 
     @property
     def implementation(self) -> str:
@@ -228,19 +243,28 @@ class BaseServer(Generic[ConfigT]):
                 for method in route.methods or ()
             }
             self._app = Starlette(
-                routes=routes, lifespan=self._lifespan, middleware=[Middleware(InboundGuard)]
+                routes=routes,
+                lifespan=self._lifespan,
+                middleware=[Middleware(InboundGuard, in_flight=self.in_flight)],
             )
         return self._app
 
     async def dispatch(
         self, method: str, path: str, body: bytes, cookies: dict[str, str]
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
-        """Serve a JSON route for a caller in this process; None when the route needs Starlette."""
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | Handoff | None:
+        """Serve a JSON route for a caller in this process; None when the route needs Starlette.
+
+        A handler's plain result is handed over unencoded (``Handoff``, made the caller's own);
+        a Response (an error, a reply with cookies) goes back as its status, headers and bytes.
+        """
         endpoint = self._direct.get((method, path)) if self._app is not None else None
         if endpoint is None:
             return None
-        response = await endpoint.respond(body, DirectRequest(path, cookies))
-        return response.status_code, response.raw_headers, bytes(response.body)
+        with self.in_flight.serving():
+            result = await endpoint.answer(body, DirectRequest(path, cookies))
+        if isinstance(result, Response):
+            return result.status_code, result.raw_headers, bytes(result.body)
+        return Handoff(owned_copy(result))
 
     async def startup(self) -> None:
         """Called once before the first request; override to open resources."""
@@ -250,7 +274,13 @@ class BaseServer(Generic[ConfigT]):
 
     async def health(self) -> dict[str, Any]:
         """Liveness payload of ``GET /``; subclasses add counters worth watching (served masked)."""
-        return {"status": "ok", "name": self.name, "kind": self.kind, "pid": os.getpid()}
+        return {
+            "status": "ok",
+            "name": self.name,
+            "kind": self.kind,
+            "pid": os.getpid(),
+            "in_flight": self.in_flight.count,
+        }
 
     async def _liveness(self, request: Request) -> Response:
         return json_response(mask_secrets(await self.health()))

@@ -11,11 +11,16 @@ Two guarantees a handler cannot give itself:
   the environment's session held. Here the handler runs as a task while the connection is
   watched; on ``http.disconnect`` before the response is complete the task is cancelled, so the
   agent's ``finally`` releases the session and no further model or tool call starts.
+
+It also counts the requests in flight (``InFlight``), which a server reports on ``GET /`` so that
+``gym env status`` shows the load of every replica.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 
 import orjson
 
@@ -23,12 +28,35 @@ from polygym.net.asgi_transport import ASGIApp, Message, Receive, Scope, Send
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
 
 
+class InFlight:
+    """How many requests a server is serving right now, over HTTP and in-process together."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        self.count += 1
+        try:
+            yield
+        finally:
+            self.count -= 1
+
+
+def is_ping(scope: Scope) -> bool:
+    """A liveness ping (``GET /``) is not load: counting it would make every probe see itself."""
+    return scope.get("method") == "GET" and scope.get("path") == "/"
+
+
 class InboundGuard:
     """Wraps an ASGI app; non-HTTP scopes (lifespan) pass through untouched."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, in_flight: InFlight | None = None
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.in_flight = in_flight or InFlight()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -38,7 +66,11 @@ class InboundGuard:
         if body is None:
             await _too_large(send, self.max_body_bytes)
             return
-        await self._serve_until_disconnect(scope, body, receive, send)
+        if is_ping(scope):
+            await self._serve_until_disconnect(scope, body, receive, send)
+            return
+        with self.in_flight.serving():
+            await self._serve_until_disconnect(scope, body, receive, send)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The request body, or None once it is over the limit (declared or sent)."""

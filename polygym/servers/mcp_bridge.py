@@ -55,7 +55,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import Request
 from starlette.routing import Route
 
-from polygym.net.asgi_transport import Receive, Scope, Send
+from polygym.net.asgi_transport import Handoff, Receive, Scope, Send
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
 from polygym.servers.base import error_response
 from polygym.servers.sessions import SESSION_COOKIE, SessionStore
@@ -81,7 +81,7 @@ class ToolHost(Protocol):
 
     async def dispatch(
         self, method: str, path: str, body: bytes, cookies: dict[str, str]
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None: ...
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | Handoff | None: ...
 
 
 MOUNT_PATH = "/mcp"
@@ -179,6 +179,8 @@ class McpBridge:
             "POST", f"/{name}", orjson.dumps(arguments), {SESSION_COOKIE: session_id}
         )
         assert served is not None, "a tool route is always a JSON endpoint"
+        if isinstance(served, Handoff):
+            return _result(orjson.dumps(served.value).decode(), 200)
         status, _, body = served
         return _result(body.decode(), status)
 

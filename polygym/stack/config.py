@@ -32,6 +32,7 @@ from polygym.errors import ConfigError
 from polygym.stack import catalog
 from polygym.stack.catalog import SERVER_KINDS, describe_unknown
 from polygym.stack.directives import apply_directives
+from polygym.stack.external import EXTERNAL, NO_FOLDER
 from polygym.suggest import closest
 
 MISSING = "???"
@@ -483,6 +484,8 @@ def _check_implementation(stack: _Stack, name: str, kind: str, impls: Any) -> _E
         return None
     ((implementation, inner),) = impls.items()
     implementation = str(implementation)
+    if implementation == EXTERNAL:  # run by someone else: no folder (``stack.external``)
+        return _Entry(name, kind, implementation, NO_FOLDER)
     if inner is not None and not isinstance(inner, dict):
         stack.problems.append(
             f"{path}.{implementation}: server config must be a mapping, not {type(inner).__name__} "

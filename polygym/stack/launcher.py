@@ -18,6 +18,9 @@ Connection pools follow the stack's concurrency: the pool size given to ``Stack`
 pool of every client the stack's servers use to reach each other; with none given it is unlimited
 (``stack_client``), never a fixed number that would cap a collector below its concurrency.
 
+``--workers N`` runs the inline stack N times, one process each (``WorkersBackend``), for every
+core of one machine without Ray.
+
 A backend implements ``start`` / ``wait_failure`` / ``stop`` (``stack.backend.Backend``); the third one,
 ``ray`` (``stack.ray_backend``, imported only when chosen), places replicas of each server as Ray
 actors. Servers never learn how they were placed.
@@ -54,7 +57,8 @@ from polygym.stack.backend import (
     stack_client,
 )
 from polygym.stack.config import ConfigError, ServerSpec, StackConfig
-from polygym.stack.head import Registry, head_app
+from polygym.stack.external import EXTERNAL, external_entries
+from polygym.stack.head import Registry, head_app, slot_of
 from polygym.stack.loader import build_server
 from polygym.stack.placement import placement_of
 
@@ -124,8 +128,8 @@ class SubprocessBackend:
         self._secret = secret
         log_dir = stacks.logs_dir(stack_id)
         for spec in specs:
-            await self._spawn(spec, head_url, log_dir)
-        await self._wait_registered(specs, registry)
+            await self._spawn(spec.name, [spec], head_url, log_dir / f"{spec.name}.log")
+        await self._wait_registered({spec.name: spec.name for spec in specs}, registry)
 
     async def restart(self, spec: ServerSpec, registry: Registry, head_url: str, stack_id: str) -> None:
         """Start a fresh process for a server that died; callers re-resolve its new address."""
@@ -133,12 +137,14 @@ class SubprocessBackend:
         if old is not None and old.returncode is None:
             raise LaunchError(f"server '{spec.name}' is still running (pid {old.pid})")
         registry.remove(spec.name)
-        await self._spawn(spec, head_url, stacks.logs_dir(stack_id))
-        await self._wait_registered([spec], registry)
+        await self._spawn(spec.name, [spec], head_url, stacks.logs_dir(stack_id) / f"{spec.name}.log")
+        await self._wait_registered({spec.name: spec.name}, registry)
 
-    async def _spawn(self, spec: ServerSpec, head_url: str, log_dir: Path) -> None:
-        log_path = log_dir / f"{spec.name}.log"
-        self.logs[spec.name] = log_path
+    async def _spawn(
+        self, key: str, specs: list[ServerSpec], head_url: str, log_path: Path, replica: int | None = None
+    ) -> None:
+        """Start process ``key`` serving ``specs`` (registered as ``replica`` when given)."""
+        self.logs[key] = log_path
         with log_path.open("wb") as log:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -150,7 +156,8 @@ class SubprocessBackend:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         payload = {
-            "spec": spec_to_dict(spec),
+            "specs": [spec_to_dict(spec) for spec in specs],
+            "replica": replica,
             "head_url": head_url,
             "parent_pid": os.getpid(),
             "stack_secret": self._secret,
@@ -159,18 +166,18 @@ class SubprocessBackend:
         assert proc.stdin is not None
         proc.stdin.write(orjson.dumps(payload))
         proc.stdin.close()
-        self.procs[spec.name] = proc
+        self.procs[key] = proc
 
-    async def _wait_registered(self, specs: list[ServerSpec], registry: Registry) -> None:
+    async def _wait_registered(self, slots: dict[str, str], registry: Registry) -> None:
+        """Wait until every registry slot of ``slots`` (slot -> the process serving it) is held."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        waiting = {s.name for s in specs}
-        while waiting - registry.entries.keys():
-            for name in sorted(waiting):
-                proc = self.procs[name]
+        while waiting := slots.keys() - registry.entries.keys():
+            for key in sorted({slots[slot] for slot in waiting}):
+                proc = self.procs[key]
                 if proc.returncode is not None:
-                    raise LaunchError(self.describe_death(name, proc.returncode, "while starting"))
+                    raise LaunchError(self.describe_death(key, proc.returncode, "while starting"))
             if time.monotonic() > deadline:
-                late = ", ".join(sorted(waiting - registry.entries.keys()))
+                late = ", ".join(sorted(waiting))
                 raise LaunchError(f"timed out after {START_TIMEOUT_S:g}s waiting for: {late}")
             await registry.wait_changed(0.05)
 
@@ -215,19 +222,100 @@ class SubprocessBackend:
         return {name: proc.pid for name, proc in self.procs.items()}
 
 
+class WorkersBackend(SubprocessBackend):
+    """``--workers N``: N copies of the whole inline stack, one process each, one per core.
+
+    One inline stack is one event loop, so it uses one core however many rollouts are in flight.
+    A worker is a whole copy of the stack (``polygym.stack.serve`` given every spec), so the calls
+    of one rollout stay in-process inside its worker, as in one inline stack. Each worker registers
+    its servers as replica ``i`` (registry slots ``name``, ``name[1]``, ..., as the Ray backend's
+    replicas), so the collector's client spreads rollouts over the workers by the replicas rule
+    (``net.replicas``: least outstanding requests for agents) and nothing else needs to know.
+
+    What a user sees is what one process shows: the same names, every replica in ``gym env
+    status``, failures recorded per rollout, ``--resume``. A worker that dies is taken out of the
+    registry at once (no new rollout goes to it) and reported like a dead server process, named
+    with its pid, its servers and its log tail: ``gym env start`` stops the stack; ``gym eval run``
+    lets the other workers go on, records the rollouts that were cut and exits non-zero.
+    """
+
+    name = "workers"
+
+    def __init__(self, workers: int, pool_size: int | None = None) -> None:
+        super().__init__(pool_size)
+        self.workers = workers
+        self._slots: dict[str, list[str]] = {}
+        self._watchers: list[asyncio.Task[None]] = []
+
+    async def start(
+        self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str, secret: str
+    ) -> None:
+        """Every worker at once, each registering all the servers as its replica; wait for all."""
+        self._secret = secret
+        log_dir = stacks.logs_dir(stack_id)
+        slots: dict[str, str] = {}
+        for index in range(self.workers):
+            key = f"worker {index}"
+            await self._spawn(key, specs, head_url, log_dir / f"worker-{index}.log", replica=index)
+            self._slots[key] = [slot_of({"name": spec.name, "replica": index}) for spec in specs]
+            slots.update(dict.fromkeys(self._slots[key], key))
+        await self._wait_registered(slots, registry)
+        self._watchers = [
+            asyncio.create_task(self._unregister_when_dead(key, registry)) for key in self.procs
+        ]
+
+    async def _unregister_when_dead(self, key: str, registry: Registry) -> None:
+        """Take a dead worker's replicas out of the registry, so that callers stop choosing them."""
+        await self.procs[key].wait()
+        for slot in self._slots[key]:
+            registry.remove(slot)
+
+    async def restart(self, spec: ServerSpec, registry: Registry, head_url: str, stack_id: str) -> None:
+        raise LaunchError(
+            f"server '{spec.name}' runs in every worker: restart the stack instead "
+            "(gym eval run --resume finishes the rollouts that were cut)"
+        )
+
+    def describe_death(self, name: str, returncode: int, when: str = "") -> str:
+        pid = self.procs[name].pid
+        how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+        servers = ", ".join(self._slots.get(name, []))
+        return (
+            f"{name} (pid {pid}, serving {servers}) {how}{' ' + when if when else ''}.\n{self.log_tail(name)}"
+        )
+
+    async def stop(self) -> None:
+        for task in self._watchers:
+            task.cancel()
+        await super().stop()
+
+
 BACKENDS = ("inline", "subprocess", "ray")
 
 
 def make_backend(
-    name: str, pool_size: int | None, config: StackConfig, ray_address: str | None, replicas: dict[str, int]
+    name: str,
+    pool_size: int | None,
+    config: StackConfig,
+    ray_address: str | None,
+    replicas: dict[str, int],
+    workers: int | None = None,
 ) -> Backend:
     """The backend called ``name``; Ray is imported only when it is the one chosen.
 
-    Only the Ray backend places several replicas of a server: asking another for more than one
-    is refused here, naming the server, rather than quietly running one copy.
+    Only the Ray backend places several replicas of a server, and only the inline one runs as
+    ``--workers`` copies: asking another for them is refused here, naming the option or the
+    server, rather than quietly running one copy.
     """
     if name not in BACKENDS:
         raise LaunchError(f"unknown backend '{name}'; choose one of {', '.join(BACKENDS)}")
+    if workers is not None and name != "inline":
+        instead = (
+            "--replicas NAME=N places copies on a Ray cluster" if name == "ray" else "one process per server"
+        )
+        raise ConfigError(
+            [f"--workers needs --backend inline (each worker is an inline stack); {name}: {instead}"]
+        )
     if name == "ray":
         try:
             from polygym.stack.ray_backend import RayBackend
@@ -242,6 +330,8 @@ def make_backend(
             raise ConfigError(
                 [f"server '{spec.name}' asks for {count} replicas: replicas need --backend ray"]
             )
+    if workers is not None and workers > 1:
+        return WorkersBackend(workers, pool_size)
     return InlineBackend(pool_size) if name == "inline" else SubprocessBackend(pool_size)
 
 
@@ -258,11 +348,20 @@ class Stack:
         pool_size: int | None = None,
         ray_address: str | None = None,
         replicas: dict[str, int] | None = None,
+        workers: int | None = None,
     ) -> None:
         """``pool_size``: the stack's concurrency, which sizes its servers' pools (None: no limit);
-        ``ray_address`` and ``replicas`` (``--replicas NAME=N``) are for the Ray backend."""
+        ``ray_address`` and ``replicas`` (``--replicas NAME=N``) are for the Ray backend,
+        ``workers`` (``--workers``) for the inline one."""
         self.config = config
-        self.backend: Backend = make_backend(backend, pool_size, config, ray_address, replicas or {})
+        self.external = [
+            entry
+            for spec in config.servers.values()
+            if spec.implementation == EXTERNAL
+            for entry in external_entries(spec.name, spec.kind, spec.config, spec.source)
+        ]
+        """Registry entries of the servers someone else runs (``stack.external``), never started."""
+        self.backend: Backend = make_backend(backend, pool_size, config, ray_address, replicas or {}, workers)
         self.head_host = head_host
         self.head_port = head_port
         self.record = record
@@ -297,10 +396,11 @@ class Stack:
         head = head_app(self.registry, public_config, self.stack_id, self.secret)
         self.head = AppServer(head, self._bind_head())
         await self.head.start()
+        for entry in self.external:
+            self.registry.register(entry)
+        placed = [spec for spec in self.config.servers.values() if spec.implementation != EXTERNAL]
         try:
-            await self.backend.start(
-                list(self.config.servers.values()), self.registry, self.head_url, self.stack_id, self.secret
-            )
+            await self.backend.start(placed, self.registry, self.head_url, self.stack_id, self.secret)
         except BaseException:
             await self.stop()
             raise

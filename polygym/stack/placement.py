@@ -18,10 +18,14 @@ of each server and refuse ``replicas`` above 1 (a setting that cannot be honoure
 never ignored), the Ray backend honours them all. ``--replicas NAME=N`` on the command line
 overrides the config. Servers never see how they were placed, so these keys are also left in the
 server's own config unchanged (server configs allow extra keys).
+
+``--workers N|auto`` is the other way to more cores: N copies of the whole inline stack, one
+process each (``auto``: one per core this process may use); see ``stack.launcher.WorkersBackend``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,3 +86,25 @@ def parse_replicas(values: tuple[str, ...] | list[str], known: Mapping[str, Any]
     if problems:
         raise ConfigError(problems)
     return counts
+
+
+WORKERS_AUTO = "auto"
+
+
+def cores_available() -> int:
+    """The cores this process may run on: its CPU affinity where the OS has one (a container's or
+    ``taskset``'s limit), else every core of the machine."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+def parse_workers(value: str | None) -> int | None:
+    """``--workers`` as a count: a positive integer, or ``auto`` for one per available core;
+    None when not given. Anything else is a ConfigError naming the option."""
+    if value is None:
+        return None
+    if value == WORKERS_AUTO:
+        return cores_available()
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError([f"--workers {value!r}: expected a number >= 1 or '{WORKERS_AUTO}'"])
+    return int(value)

@@ -1,12 +1,14 @@
-"""Entry point of one server process of the subprocess backend (``python -m polygym.stack.serve``).
+"""Entry point of one server process of the subprocess and workers backends (``polygym.stack.serve``).
 
-The launcher writes ``{"spec", "head_url", "parent_pid", "stack_secret", "pool_size"}`` as JSON on
-stdin — on stdin rather than argv, the environment or a file, because the spec holds secrets (API
-keys) and the stack secret, which must not show in ``ps`` or on disk. The process binds a free
-loopback port, registers its real address with the head server (proving with the stack secret that
-it belongs to the stack, then dropping the secret: nothing later needs it), serves
-until SIGTERM/SIGINT, and exits by itself if its launcher disappears (a ``kill -9`` of
-``gym env start`` must not leave orphans serving forever).
+The launcher writes ``{"specs", "replica", "head_url", "parent_pid", "stack_secret", "pool_size"}``
+as JSON on stdin — on stdin rather than argv, the environment or a file, because the specs hold
+secrets (API keys) and the stack secret, which must not show in ``ps`` or on disk. The process
+builds every server of ``specs`` with one shared client, so calls between them stay in-process
+(the subprocess backend sends one spec, a worker of ``--workers`` the whole stack), binds a free
+loopback port for each, registers each real address with the head server as replica ``replica``
+(proving with the stack secret that it belongs to the stack, then dropping the secret: nothing
+later needs it), serves until SIGTERM/SIGINT, and exits by itself if its launcher disappears (a
+``kill -9`` of ``gym env start`` must not leave orphans serving forever).
 """
 
 from __future__ import annotations
@@ -54,32 +56,37 @@ async def _register(client: ServerClient, head_url: str, entry: dict[str, Any], 
 
 
 async def serve(payload: dict[str, Any]) -> None:
-    spec = spec_from_dict(payload["spec"])
+    specs = [spec_from_dict(spec) for spec in payload["specs"]]
     client = stack_client(payload["head_url"], payload.get("pool_size"))
-    server = build_server(spec, client)
-    client.add_local(spec.name, server.app, server.dispatch)
-    app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
-    await app_server.start()
+    built = [(spec, build_server(spec, client)) for spec in specs]
+    for spec, server in built:
+        client.add_local(spec.name, server.app, server.dispatch)
+    app_servers: list[AppServer] = []
+    for _, server in built:
+        app_servers.append(AppServer(server.app, bind_socket("127.0.0.1", 0)))
+        await app_servers[-1].start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    entry = {
-        "name": spec.name,
-        "kind": spec.kind,
-        "implementation": spec.implementation,
-        "url": app_server.url,
-        "pid": os.getpid(),
-        "pool_size": client.pool_size or None,  # what the pool really allows; None: no limit
-    }
-    await _register(client, payload["head_url"], entry, payload.pop("stack_secret"))
-    print(f"{spec.name} serving on {app_server.url}", flush=True)
+    secret = payload.pop("stack_secret")
+    for (spec, _), app_server in zip(built, app_servers, strict=True):
+        entry = {
+            "name": spec.name,
+            "kind": spec.kind,
+            "implementation": spec.implementation,
+            "url": app_server.url,
+            "pid": os.getpid(),
+            "pool_size": client.pool_size or None,  # what the pool really allows; None: no limit
+            **({"replica": payload["replica"]} if payload.get("replica") is not None else {}),
+        }
+        await _register(client, payload["head_url"], entry, secret)
+        print(f"{spec.name} serving on {app_server.url}", flush=True)
     watcher = asyncio.create_task(_watch_parent(int(payload["parent_pid"]), stop))
-    served = app_server.task
-    assert served is not None
-    await asyncio.wait([asyncio.ensure_future(stop.wait()), served], return_when=asyncio.FIRST_COMPLETED)
+    served = [asyncio.ensure_future(s.task) for s in app_servers if s.task is not None]
+    await asyncio.wait([asyncio.ensure_future(stop.wait()), *served], return_when=asyncio.FIRST_COMPLETED)
     watcher.cancel()
-    await app_server.stop()
+    await asyncio.gather(*(s.stop() for s in app_servers), return_exceptions=True)
     await client.close()
 
 

@@ -41,6 +41,8 @@ class StackTarget:
     """The Ray cluster to join (``--backend ray``); None: a local one, or ``RAY_ADDRESS``."""
     replicas: dict[str, int] = field(default_factory=dict)
     """``--replicas NAME=N`` overrides (``--backend ray``)."""
+    workers: int | None = None
+    """``--workers N``: copies of the inline stack, one process each (None: this process only)."""
     record: bool = True
     """Publish a started stack in the stack records, so ``gym env status`` and ``--no-serve`` see it."""
 
@@ -115,6 +117,7 @@ class StackSession:
             pool_size=self.pool_size,
             ray_address=self.target.ray_address,
             replicas=self.target.replicas,
+            workers=self.target.workers,
         )
         await self.stack.start()
         if self.stack.client is not None:

@@ -1,14 +1,19 @@
 """The server bases: the config class comes from the generic parameter, stated once per subclass."""
 
+import asyncio
 from typing import Any
 
 import orjson
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.routing import Route
 
-from polygym.net.asgi_transport import asgi_request
+from polygym import Session, tool
+from polygym.authoring.testing import in_process_client
+from polygym.net.asgi_transport import Handoff, asgi_request
+from polygym.net.listen import AppServer, bind_socket
 from polygym.servers.agent import Agent, AgentConfig
-from polygym.servers.base import BaseServer, ServerConfig
+from polygym.servers.base import BaseServer, ServerConfig, json_endpoint, owned_copy
 from polygym.servers.episodic import EpisodicConfig, EpisodicServer
 from polygym.servers.inbound import InboundGuard
 from polygym.servers.model import ModelServer
@@ -89,3 +94,88 @@ async def test_a_request_body_over_the_limit_is_refused_before_the_handler_runs(
     assert status == 413 and b"request body over 100 bytes" in body
     status, _, _ = await asgi_request(guarded, "POST", "/x", b"x" * 100)
     assert status == 200 and seen == [b"x" * 100]
+
+
+class Gate(BaseModel):
+    pass
+
+
+class Gated(ResourcesServer):
+    """A tool that waits until the test opens the gate, so a request can be seen in flight."""
+
+    def __init__(self) -> None:
+        super().__init__("gated")
+        self.gate = asyncio.Event()
+
+    @tool
+    async def wait(self, body: Gate, session: Session) -> dict[str, bool]:
+        """Wait for the gate."""
+        await self.gate.wait()
+        return {"ok": True}
+
+
+async def test_in_flight_counts_requests_in_process_and_over_http_but_not_pings() -> None:
+    server = Gated()
+    client = in_process_client(server, "gated")
+    app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
+    await app_server.start()
+    try:
+        local = asyncio.ensure_future(client.call("gated", "/wait", {}))
+        remote = asyncio.ensure_future(client.request_url("POST", app_server.url + "/wait", {}))
+        deadline = asyncio.get_running_loop().time() + 10
+        while server.in_flight.count < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        ping = (await client.request_url("GET", app_server.url + "/")).json()
+        assert ping["in_flight"] == 2
+        server.gate.set()
+        assert (await local).json() == {"ok": True} and (await remote).status == 200
+        assert (await client.request_url("GET", app_server.url + "/")).json()["in_flight"] == 0
+    finally:
+        await client.close()
+        await app_server.stop()
+
+
+class Kept(BaseModel):
+    items: list[Any]
+
+
+class Keeper(BaseServer):
+    """Returns what it keeps: an in-process caller must get its own copy, as over the wire."""
+
+    def __init__(self) -> None:
+        super().__init__("keeper")
+        self.kept: dict[str, Any] = {"items": [{"n": 1}]}
+
+    def routes(self) -> list[Route]:
+        return [
+            *super().routes(),
+            Route("/plain", json_endpoint(self._plain), methods=["POST"]),
+            Route("/model", json_endpoint(self._model), methods=["POST"]),
+        ]
+
+    async def _plain(self, body: Any, request: Any) -> dict[str, Any]:
+        return self.kept
+
+    async def _model(self, body: Any, request: Any) -> Kept:
+        return Kept(items=self.kept["items"])
+
+
+@pytest.mark.parametrize("path", ["/plain", "/model"])
+async def test_an_in_process_reply_shares_nothing_with_the_callee(path: str) -> None:
+    server = Keeper()
+    client = in_process_client(server, "keeper")
+    assert isinstance(await server.dispatch("POST", path, b"{}", {}), Handoff)  # not encoded
+    reply = await client.call("keeper", path, {})
+    value = reply.json()
+    assert value == {"items": [{"n": 1}]} and reply.body == b'{"items":[{"n":1}]}'
+    value["items"][0]["n"] = 99
+    value["items"].append("more")
+    assert server.kept == {"items": [{"n": 1}]}
+    assert reply.json() == {"items": [{"n": 1}]}  # parsed from the body, encoded before the change
+
+
+def test_owned_copy_of_a_model_is_fresh_all_the_way_down() -> None:
+    inner = {"x": [1, 2]}
+    copied = owned_copy(Kept(items=[inner]))
+    assert copied == {"items": [{"x": [1, 2]}]}
+    assert copied["items"][0] is not inner and copied["items"][0]["x"] is not inner["x"]
