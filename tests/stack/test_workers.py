@@ -22,8 +22,8 @@ from polygym.net.client import ServerClient
 from polygym.stack import records as stacks
 from polygym.stack.launcher import Stack
 from polygym.stack.placement import cores_available, parse_workers
-from tests.conftest import gone, gym_command, wait_until
-from tests.e2e.test_eval_e2e import SERVE, gym, keys
+from tests.conftest import gone, gym_command, row_keys, run_gym, wait_until
+from tests.e2e.test_eval_e2e import SERVE
 from tests.e2e.test_eval_guards_e2e import LATENCY, finish, start_run
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
 
@@ -176,7 +176,7 @@ def test_a_worker_killed_mid_run_gives_failure_rows_and_resume_finishes_exactly(
         assert wait_until(lambda: any(r["pid"] == run.pid for r in stacks.list_stacks()), 60)
         [record] = [r for r in stacks.list_stacks() if r["pid"] == run.pid]
         victim = next(s["pid"] for s in record["servers"] if s.get("replica") == 1)
-        assert wait_until(lambda: out.exists() and len(keys(out)) >= 10, 60)
+        assert wait_until(lambda: out.exists() and len(row_keys(out)) >= 10, 60)
         os.kill(victim, signal.SIGKILL)
         _, stderr = finish(run)
     finally:
@@ -188,9 +188,9 @@ def test_a_worker_killed_mid_run_gives_failure_rows_and_resume_finishes_exactly(
     # At most what was in flight on the dead worker fails (the client's retries may send a cut
     # rollout to the other worker instead); the other worker did all the rest.
     assert len(failures) <= 8
-    assert len(keys(out)) + len(failures) == 200
+    assert len(row_keys(out)) + len(failures) == 200
 
-    resumed = gym("eval", "run", *args, "--resume", cwd=tmp_path)
+    resumed = run_gym("eval", "run", *args, "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    done = keys(out)
+    done = row_keys(out)
     assert len(done) == len(set(done)) == 200
