@@ -56,6 +56,7 @@ from polygym.stack.backend import (
 from polygym.stack.config import ConfigError, ServerSpec, StackConfig
 from polygym.stack.head import Registry, head_app
 from polygym.stack.loader import build_server
+from polygym.stack.nemo_gym_server import NemoGymServers, is_nemo_gym_server
 from polygym.stack.placement import placement_of
 
 DEFAULT_HEAD_PORT = 11000
@@ -272,6 +273,10 @@ class Stack:
         """Proves a registration comes from this stack's own processes; never printed or recorded."""
         self.head: AppServer | None = None
         self.started_in_s = 0.0
+        specs = list(config.servers.values())
+        self.nemo_gym = NemoGymServers([s for s in specs if is_nemo_gym_server(s)])
+        """NeMo Gym's own servers, run beside the backend's as NeMo Gym runs them (``nemo_gym_server``)."""
+        self._own_specs = [s for s in specs if s not in self.nemo_gym.specs]
 
     @property
     def head_url(self) -> str:
@@ -299,8 +304,10 @@ class Stack:
         await self.head.start()
         try:
             await self.backend.start(
-                list(self.config.servers.values()), self.registry, self.head_url, self.stack_id, self.secret
+                self._own_specs, self.registry, self.head_url, self.stack_id, self.secret
             )
+            if self.nemo_gym.specs:  # after polygym's: their addresses go into NeMo Gym's config
+                await self.nemo_gym.start(self.config, self.registry, self.head_url, self.stack_id)
         except BaseException:
             await self.stop()
             raise
@@ -333,7 +340,16 @@ class Stack:
         return self.backend.client if isinstance(self.backend, InlineBackend) else None
 
     async def wait_failure(self) -> ServerFailure:
-        return await self.backend.wait_failure()
+        if not self.nemo_gym.specs:
+            return await self.backend.wait_failure()
+        waits = [
+            asyncio.ensure_future(self.backend.wait_failure()),
+            asyncio.ensure_future(self.nemo_gym.wait_failure()),
+        ]
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        return next(iter(done)).result()
 
     async def restart(self, name: str) -> None:
         """Restart one dead server of a subprocess stack (the others keep running)."""
@@ -345,6 +361,7 @@ class Stack:
 
     async def stop(self) -> None:
         try:
+            await self.nemo_gym.stop()
             await self.backend.stop()
         finally:
             if self.head is not None:
