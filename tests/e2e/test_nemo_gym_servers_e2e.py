@@ -223,7 +223,10 @@ def test_nemo_gym_simple_agent_against_a_polygym_server(nemo_root: Path, tmp_pat
 def test_gym_env_start_serves_a_nemo_gym_environment(
     nemo_root: Path, tmp_path: Path, start_stack: Any
 ) -> None:
-    stack = start_stack("--model-type", "scripted_model", "--resources-server", "math_advanced_calculations")
+    stack = start_stack(
+        *("--model-type", "scripted_model", "--resources-server", "math_advanced_calculations"),
+        "++math_advanced_calculations_simple_agent.responses_api_agents.simple_agent.max_steps=40",
+    )
     servers = {s["name"]: s for s in stack.record["servers"]}
     nemo = servers["math_advanced_calculations"]
     assert nemo.get("nemo_gym") is True and nemo["pid"] != stack.proc.pid
@@ -232,5 +235,5 @@ def test_gym_env_start_serves_a_nemo_gym_environment(
     assert instances["math_advanced_calculations"]["url"] == nemo["url"]
     rows = cases(nemo_root, {"math_advanced_calculations": ENVIRONMENTS["math_advanced_calculations"]})
     write_jsonl(rows, tmp_path / "in.jsonl")
-    results = run_eval(tmp_path, "--head-url", stack.record["head_url"])
+    results = run_eval(tmp_path, "--no-serve", "--head-url", stack.record["head_url"])
     assert {case: row["reward"] for case, row in results.items()} == expected_rewards(rows)
