@@ -154,13 +154,6 @@ def env_inputs(spec: ServerSpec, config: StackConfig) -> EnvInputs:
     root = spec.directory.resolve().parent.parent
     package = nemo_gym_package(root, _text(config.globals.get(PACKAGE_KEY)))
     python = find_python(_text(config.globals.get(PYTHON_KEY)), package.requires_python)
-    if python.ignore_requires_python:
-        print(
-            f"warning: {spec.name}: nemo-gym declares Requires-Python {package.requires_python}; "
-            f"installing it on Python {python.version_text} ({python.path}) with "
-            f"--ignore-requires-python (set {PYTHON_KEY} to choose another)",
-            file=sys.stderr,
-        )
     return EnvInputs(
         python=str(python.path),
         python_version=python.version_text,
@@ -223,9 +216,16 @@ class NemoGymServers:
 
     async def start(self, config: StackConfig, registry: Registry, head_url: str, stack_id: str) -> None:
         """Build (or reuse) each environment, start every server, register each once it listens."""
-        envs = {}
-        for spec in self.specs:
-            envs[spec.name] = await asyncio.to_thread(ensure_env, env_inputs(spec, config))
+        inputs = {spec.name: env_inputs(spec, config) for spec in self.specs}
+        distinct = list(dict.fromkeys(inputs.values()))  # servers with the same inputs share one
+        for each in {(i.python, i.python_version) for i in distinct if i.ignore_requires_python}:
+            print(
+                f"warning: nemo-gym declares a newer Python than {each[1]} ({each[0]}); installing it "
+                f"there with --ignore-requires-python (choose another: --nemo-gym-python, {PYTHON_KEY})",
+                file=sys.stderr,
+            )
+        built = await asyncio.gather(*(asyncio.to_thread(ensure_env, each) for each in distinct))
+        envs = {name: built[distinct.index(each)] for name, each in inputs.items()}
         addresses = {name: _address(entry["url"]) for name, entry in registry.entries.items()}
         for spec in self.specs:
             addresses[spec.name] = ("127.0.0.1", free_port("127.0.0.1"))

@@ -6,10 +6,12 @@ requirements, Python 3.13.0 from pyenv with ``--ignore-requires-python``, cached
 ``POLYGYM_TEST_CACHE/envs``: the first run on a machine builds it, minutes; later runs reuse it):
 
 * ``math_advanced_calculations`` (math, several tool-calling turns: its calculators are
-  deliberately wrong, so only playing the tools gives NeMo Gym's ground truth) and
-  ``format_verification`` (instruction following: line formats checked by regex), with their
-  shipped ``example.jsonl`` rows, under ``gym eval run`` with polygym's ``simple_agent`` and with
-  NeMo Gym's (``nemo_gym: true``), and under ``gym env start`` joined by ``gym eval run --head-url``;
+  deliberately wrong, so only playing the tools gives NeMo Gym's ground truth),
+  ``format_verification`` (instruction following: line formats checked by regex) and
+  ``calendar`` (multi-turn conversations ending in a calendar that must meet every constraint;
+  its ``rich`` requirement makes it a second environment), with their shipped ``example.jsonl``
+  rows, under ``gym eval run`` with polygym's ``simple_agent`` and with NeMo Gym's
+  (``nemo_gym: true``), and under ``gym env start`` joined by ``gym eval run --no-serve``;
 * NeMo Gym's ``simple_agent`` against polygym's ``example_single_tool_call`` with NeMo Gym's rows.
 
 Each row is played twice by the scripted model: the right play (NeMo Gym's verifier gives 1.0,
@@ -22,6 +24,7 @@ import ast
 import json
 import math
 import os
+import signal
 import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -107,6 +110,65 @@ def formatting(row: dict[str, Any]) -> tuple[Turns, Turns]:
     return [{"answer": FORMATS[row["verifier"]["pattern_id"]]}], [{"answer": "A single plain sentence."}]
 
 
+def minutes(text: str) -> int:
+    """``"11:45am"``, ``"1pm"`` or ``"13:00"`` as minutes after midnight (NeMo Gym's calendar formats)."""
+    text = text.strip()
+    half = 12 * 60 if text.endswith("pm") else 0
+    hours, _, mins = text.removesuffix("am").removesuffix("pm").partition(":")
+    hour = int(hours)
+    if text.endswith(("am", "pm")) and hour == 12:
+        hour = 0
+    return hour * 60 + int(mins or 0) + half
+
+
+def start_window(event: dict[str, Any]) -> tuple[int, int]:
+    """The earliest and latest start that keep ``event`` inside its hours and its constraint."""
+    low, high = minutes(event["min_time"]), minutes(event["max_time"]) - event["duration"]
+    kind, _, when = (event.get("constraint") or "").partition(" ")
+    if kind == "before":
+        high = min(high, minutes(when) - event["duration"])
+    elif kind == "after":
+        low = max(low, minutes(when))
+    elif kind == "between":
+        first, second = when.split(" and ")
+        low, high = max(low, minutes(first)), min(high, minutes(second) - event["duration"])
+    elif kind == "at":
+        low = high = minutes(when)
+    return low, high
+
+
+def schedule(events: list[dict[str, Any]], placed: dict[str, int]) -> dict[str, int] | None:
+    """Start times for every event, none overlapping (backtracking over 5-minute steps)."""
+    if len(placed) == len(events):
+        return placed
+    event = events[len(placed)]
+    low, high = start_window(event)
+    taken = [(placed[str(e["event_id"])], e["duration"]) for e in events[: len(placed)]]
+    for start in range(low, high + 1, 5):
+        if all(start + event["duration"] <= s or start >= s + d for s, d in taken):
+            found = schedule(events, {**placed, str(event["event_id"]): start})
+            if found is not None:
+                return found
+    return None
+
+
+def scheduling(row: dict[str, Any]) -> tuple[Turns, Turns]:
+    """The last turn of a multi-turn conversation: a calendar (JSON list) meeting every constraint
+    gets 1 from NeMo Gym's grader; an answer with no calendar gets 0."""
+    events = list(row["exp_cal_state"].values())
+    starts = schedule(events, {})
+    assert starts is not None, row["exp_cal_state"]
+    calendar = [
+        {
+            "event_id": e["event_id"],
+            "start_time": f"{starts[str(e['event_id'])] // 60:02d}:{starts[str(e['event_id'])] % 60:02d}",
+            "duration": e["duration"],
+        }
+        for e in events
+    ]
+    return [{"answer": json.dumps(calendar)}], [{"answer": "I could not fit those in."}]
+
+
 def weather(row: dict[str, Any]) -> tuple[Turns, Turns]:
     return [{"tool": "get_weather", "arguments": {"city": "Paris"}}, {"answer": "Cold."}], [{"answer": "No."}]
 
@@ -114,6 +176,7 @@ def weather(row: dict[str, Any]) -> tuple[Turns, Turns]:
 ENVIRONMENTS = {
     "math_advanced_calculations": ("math_advanced_calculations_simple_agent", calculations),
     "format_verification": ("freeform_formatting_simple_agent", formatting),
+    "calendar": ("calendar_simple_agent", scheduling),
 }
 """NeMo Gym environments polygym does not ship: folder -> (agent of its config, scripted plays)."""
 
@@ -195,7 +258,7 @@ def test_nemo_gym_environments_run_unchanged_under_eval_run(
     results = run_eval(
         tmp_path,
         *("--model-type", "scripted_model", "--resources-server", "math_advanced_calculations"),
-        *("--config", str(config), *marks),
+        *("--resources-server", "calendar", "--config", str(config), *marks),
     )
     assert {case: row["reward"] for case, row in results.items()} == expected_rewards(rows)
     right = results["math_advanced_calculations/0/right"]["response"]["output"]
@@ -237,3 +300,7 @@ def test_gym_env_start_serves_a_nemo_gym_environment(
     write_jsonl(rows, tmp_path / "in.jsonl")
     results = run_eval(tmp_path, "--no-serve", "--head-url", stack.record["head_url"])
     assert {case: row["reward"] for case, row in results.items()} == expected_rewards(rows)
+    os.kill(nemo["pid"], signal.SIGKILL)  # a NeMo Gym server that dies stops the stack, named
+    assert stack.wait(60) == 1
+    assert "NeMo Gym server 'math_advanced_calculations'" in stack.output()
+    assert "killed by signal 9" in stack.output()
