@@ -212,6 +212,8 @@ def ensure_env(inputs: EnvInputs, announce: bool = True) -> Path:
             return final
         if final.exists():  # not ours and not ready: a leftover from an older polygym, never reused
             shutil.rmtree(final, ignore_errors=True)
+        for stale in root.glob(f".build-{inputs.key()}-*"):  # a killed builder's; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
         if announce:
             print(
                 f"building the NeMo Gym environment {final.name} (Python {inputs.python_version}, "

@@ -58,6 +58,8 @@ def test_a_ready_entry_is_reused_without_building(tmp_path: Path, monkeypatch: p
 def test_an_unfinished_entry_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(env_build.CACHE_ENV_VAR, str(tmp_path))
     (tmp_path / INPUTS.key()).mkdir()  # no ready marker: a leftover, never used as is
+    killed = tmp_path / f".build-{INPUTS.key()}-killed"  # a builder that was killed mid-way
+    killed.mkdir()
     built: list[Path] = []
 
     def build(work: Path, inputs: EnvInputs) -> None:
@@ -67,6 +69,7 @@ def test_an_unfinished_entry_is_rebuilt(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(env_build, "_build", build)
     assert (ensure_env(INPUTS, announce=False) / env_build.READY_MARKER).is_file()
     assert len(built) == 1 and built[0] != tmp_path / INPUTS.key()
+    assert not killed.exists()
 
 
 def test_a_python_that_does_not_exist_is_a_usage_error() -> None:
