@@ -35,8 +35,10 @@ import pytest
 
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl, write_jsonl
-from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
-from polygym.stack.env_build import CACHE_ENV_VAR, PYTHON_ENV_VAR
+from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
+from polygym.stack.config import load_config
+from polygym.stack.env_build import CACHE_ENV_VAR, PYTHON_ENV_VAR, ensure_env
+from polygym.stack.nemo_gym_server import env_inputs, is_nemo_gym_server
 from tests.conftest import gym_command
 from tests.nemo_gym_wheel import cache_dir, nemo_gym_tree
 
@@ -205,6 +207,17 @@ def cases(
     return rows
 
 
+def build_environments(root: Path) -> None:
+    """Every environment these tests use, built now if the cache lacks it (a stack's start then
+    takes seconds, whichever test runs first)."""
+    config = root / "resources_servers/format_verification/configs/freeform_formatting.yaml"
+    paths = selector_paths(["math_advanced_calculations", "calendar"], ["scripted_model"], [str(config)])
+    loaded = load_config(paths, ["++calendar_simple_agent.responses_api_agents.simple_agent.nemo_gym=true"])
+    for spec in loaded.servers.values():
+        if is_nemo_gym_server(spec):
+            ensure_env(env_inputs(spec, loaded))
+
+
 @pytest.fixture(scope="module")
 def nemo_root() -> Iterator[Path]:
     """NeMo Gym 0.7.0's tree, its environments cached with the test cache, Python 3.13.0."""
@@ -215,6 +228,7 @@ def nemo_root() -> Iterator[Path]:
     os.environ[NEMO_GYM_ROOT_ENV_VAR] = str(root)
     os.environ[CACHE_ENV_VAR] = str(cache_dir().parent / "envs")
     os.environ[PYTHON_ENV_VAR] = str(PYTHON)
+    build_environments(root)
     yield root
     for name, value in saved.items():
         if value is None:
