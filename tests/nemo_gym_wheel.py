@@ -15,10 +15,17 @@ import zipfile
 from pathlib import Path
 
 NEMO_GYM_VERSION = "0.7.0"
+NEMO_GYM_PYTHON = Path.home() / ".pyenv" / "versions" / "3.13.0" / "bin" / "python"
+"""The interpreter NeMo Gym 0.7.0 is tested on (it declares 3.13.14; pip's --ignore-requires-python)."""
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("POLYGYM_TEST_CACHE", Path.home() / ".cache" / "polygym-tests")) / "nemo-gym"
+
+
+def env_cache() -> Path:
+    """Where the tests keep NeMo Gym's environments (``polygym.stack.env_build``'s cache)."""
+    return cache_dir().parent / "envs"
 
 
 def nemo_gym_wheel() -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -20,8 +21,9 @@ from rich.console import Console
 
 from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
 from polygym.protocol import MODEL_KIND
-from polygym.stack.catalog import selector_paths
+from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
 from polygym.stack.config import CONFIG_PATHS, ConfigError, StackConfig, load_config
+from polygym.stack.env_build import PYTHON_KEY
 from polygym.suggest import unknown_name_message
 
 T = TypeVar("T")
@@ -68,10 +70,47 @@ def _with_model_flags(func: F) -> F:
     return command  # type: ignore[return-value]
 
 
+def _with_nemo_gym_flags(func: F) -> F:
+    """``--nemo-gym-root DIR`` adds a NeMo Gym checkout's server folders to the search (before the
+    selectors are looked up, and for every process of the stack); ``--nemo-gym-python`` chooses
+    the interpreter of their environments (``++nemo_gym_python=...``)."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        roots, python = kwargs.pop("nemo_gym_roots"), kwargs.pop("nemo_gym_python")
+        for root in reversed(roots):
+            if not Path(root).expanduser().is_dir():
+                raise click.BadParameter(f"{root}: not a directory", param_hint="--nemo-gym-root")
+            known = os.environ.get(NEMO_GYM_ROOT_ENV_VAR)
+            os.environ[NEMO_GYM_ROOT_ENV_VAR] = os.pathsep.join(
+                [str(Path(root).resolve()), *([known] if known else [])]
+            )
+        if python is not None:
+            kwargs["overrides"] = (f"++{PYTHON_KEY}={python}", *kwargs["overrides"])
+        return func(*args, **kwargs)
+
+    command = click.option(
+        "--nemo-gym-python",
+        "nemo_gym_python",
+        default=None,
+        metavar="PYTHON",
+        help="Interpreter for NeMo Gym servers' environments: a path, a command or a version such as 3.13.",
+    )(command)
+    command = click.option(
+        "--nemo-gym-root",
+        "nemo_gym_roots",
+        multiple=True,
+        metavar="DIR",
+        help="A NeMo Gym checkout (or unpacked wheel) whose server folders may be run (repeatable).",
+    )(command)
+    return command  # type: ignore[return-value]
+
+
 def selector_options(func: F) -> F:
     """Add the repeatable selector flags, NeMo Gym's model flags and trailing ``key=value``
     overrides (Hydra's ``key=``, ``+key=``, ``++key=``) to a command."""
     func = _with_model_flags(func)
+    func = _with_nemo_gym_flags(func)
     func = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")(func)
     func = click.option(
         "--config", "configs", multiple=True, metavar="PATH", help="A config file to merge (repeatable)."

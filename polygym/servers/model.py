@@ -27,7 +27,7 @@ from polygym.net import budget, failure
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
 from polygym.net.client import Reply, ServerCallError, ServerClient, error_detail
 from polygym.net.retry import RetryPolicy
-from polygym.protocol import MODEL_KIND
+from polygym.protocol import MODEL_KIND, complete_response
 from polygym.redact import redact_text
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, json_endpoint, json_response
 from polygym.servers.sessions import SESSION_COOKIE
@@ -133,8 +133,12 @@ class ModelServer(BaseServer[ModelConfigT]):
         ]
 
     async def _responses(self, body: Any, request: Request) -> Any:
+        """A reply object is completed to a full OpenAI Response: NeMo Gym's agents validate what
+        a model server answers as one (a lean reply is a 500 "invalid response" there)."""
         _session_id.set(request.cookies.get(SESSION_COOKIE))
-        return await self.responses(_require_object(body))
+        params = _require_object(body)
+        result = await self.responses(params)
+        return complete_response(result, params) if isinstance(result, dict) else result
 
     async def _chat(self, body: Any, request: Request) -> Any:
         _session_id.set(request.cookies.get(SESSION_COOKIE))

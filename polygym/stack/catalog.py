@@ -5,17 +5,35 @@ Users keep NeMo Gym's layout: ``resources_servers/<name>/``, ``responses_api_age
 checkout (with environments of their own) or rely on the ones shipped with polygym, so two roots are
 searched: the working directory first (a user's folder shadows a shipped one of the same name), then
 the project root that holds the installed server packages.
+
+NeMo Gym's own folders are searched after those (``stack.nemo_gym_server`` runs them): a NeMo Gym
+checkout or unpacked wheel named by ``--nemo-gym-root`` / ``POLYGYM_NEMO_GYM_ROOT`` (several joined
+with ``os.pathsep``) or by a config's ``nemo_gym_root``, then an installed ``nemo-gym`` package.
+polygym's same-named environments come first (they behave as NeMo Gym's do); a server block with
+``nemo_gym: true`` takes its implementation from the NeMo Gym roots only (NeMo Gym's
+``simple_agent`` rather than polygym's, say).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import os
+import re
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
+from importlib import metadata
 from pathlib import Path
 
 from polygym.errors import ConfigError
 from polygym.suggest import closest
 
 SERVER_KINDS: tuple[str, ...] = ("resources_servers", "responses_api_agents", "responses_api_models")
+NEMO_GYM_ROOT_ENV_VAR = "POLYGYM_NEMO_GYM_ROOT"
+NEMO_GYM_ROOT_KEY = "nemo_gym_root"
+"""Config key naming a NeMo Gym checkout (or unpacked wheel) whose server folders a stack may run."""
+NEMO_GYM_KEY = "nemo_gym"
+"""A server block's ``nemo_gym: true``: its implementation comes from NeMo Gym's folders only."""
+_config_roots: ContextVar[tuple[Path, ...]] = ContextVar("nemo_gym_config_roots", default=())
 
 
 def project_root() -> Path:
@@ -29,13 +47,44 @@ def project_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def installed_nemo_gym_root() -> Path | None:
+    """Where an installed ``nemo-gym`` keeps its server folders (its site-packages), if installed."""
+    try:
+        dist = metadata.distribution("nemo-gym")
+    except metadata.PackageNotFoundError:
+        return None
+    return Path(str(dist.locate_file("")))
+
+
+def nemo_gym_roots() -> list[Path]:
+    """NeMo Gym roots in priority order: the environment variable, a config's key, the installed package."""
+    named = [Path(p).expanduser() for p in os.environ.get(NEMO_GYM_ROOT_ENV_VAR, "").split(os.pathsep) if p]
+    installed = installed_nemo_gym_root()
+    return [*named, *_config_roots.get(), *([installed] if installed is not None else [])]
+
+
+@contextlib.contextmanager
+def config_nemo_gym_root(root: str | None) -> Iterator[None]:
+    """Search ``root`` (a config's ``nemo_gym_root``) too while that config is being loaded."""
+    token = _config_roots.set((*_config_roots.get(), Path(root).expanduser())) if root else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _config_roots.reset(token)
+
+
+def _unique(roots: Iterable[Path]) -> list[Path]:
+    kept: list[Path] = []
+    for root in roots:
+        if all(root.resolve() != seen.resolve() for seen in kept):
+            kept.append(root)
+    return kept
+
+
 def _roots() -> list[Path]:
     """Search roots in priority order, without duplicates (cwd is often the project root)."""
-    roots: list[Path] = []
-    for root in (Path.cwd(), project_root()):
-        if all(root.resolve() != seen.resolve() for seen in roots):
-            roots.append(root)
-    return roots
+    return _unique([Path.cwd(), project_root(), *nemo_gym_roots()])
 
 
 def _is_implementation_name(name: str) -> bool:
@@ -85,23 +134,43 @@ def describe_missing_implementation(kind: str, implementation: str, origin: str 
     return f"{message} (searched {searched})"
 
 
-def _find(kind: str, implementation: str) -> Path | None:
+def _find(kind: str, implementation: str, nemo_gym_only: bool = False) -> Path | None:
     if not _is_implementation_name(implementation):
         return None
-    for root in _roots():
+    for root in _unique(nemo_gym_roots()) if nemo_gym_only else _roots():
         candidate = root / kind / implementation
         if candidate.is_dir():
             return candidate
     return None
 
 
-def find_implementation_dir(kind: str, implementation: str) -> Path:
-    """The folder of ``kind/implementation`` in the first root that has it."""
+def find_implementation_dir(kind: str, implementation: str, nemo_gym_only: bool = False) -> Path:
+    """The folder of ``kind/implementation`` in the first root that has it (``nemo_gym_only``: the
+    first NeMo Gym root, for a block marked ``nemo_gym: true``)."""
     _check_kind(kind)
-    found = _find(kind, implementation)
+    found = _find(kind, implementation, nemo_gym_only)
     if found is None:
+        if nemo_gym_only:
+            searched = ", ".join(str(root / kind) for root in nemo_gym_roots()) or "no NeMo Gym root"
+            raise ConfigError(
+                [
+                    f"{kind}/{implementation} with {NEMO_GYM_KEY}: true: not found in NeMo Gym's folders "
+                    f"(searched {searched}; name one with --nemo-gym-root or {NEMO_GYM_ROOT_KEY})"
+                ]
+            )
         raise ConfigError([describe_missing_implementation(kind, implementation)])
     return found
+
+
+_IMPORTS_NEMO_GYM = re.compile(r"^\s*(?:from|import)\s+nemo_gym\b", re.MULTILINE)
+
+
+def imports_nemo_gym(directory: Path, entrypoint: str = "app.py") -> bool:
+    """Whether a server folder is NeMo Gym's (its entrypoint imports ``nemo_gym``), not polygym's."""
+    try:
+        return bool(_IMPORTS_NEMO_GYM.search((directory / entrypoint).read_text(errors="replace")))
+    except OSError:
+        return False
 
 
 def folder_of_config(kind: str, config_file: Path) -> Path | None:

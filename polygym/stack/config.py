@@ -32,6 +32,7 @@ from polygym.errors import ConfigError
 from polygym.stack import catalog
 from polygym.stack.catalog import SERVER_KINDS, describe_unknown
 from polygym.stack.directives import apply_directives
+from polygym.stack.env_build import PACKAGE_KEY, PYTHON_KEY
 from polygym.stack.external import EXTERNAL, NO_FOLDER
 from polygym.suggest import closest
 
@@ -41,6 +42,9 @@ CONFIG_PATHS = "config_paths"
 ENVIRONMENT_SERVERS = "environment_servers"
 LEGACY_RELAY = "legacy_agent"
 AGENT_KIND = "responses_api_agents"
+NEMO_GYM_SETTINGS = (catalog.NEMO_GYM_ROOT_KEY, PYTHON_KEY, PACKAGE_KEY)
+"""polygym's top-level keys for running NeMo Gym's servers (``stack.nemo_gym_server``); not
+passed on to those servers, and "unused" only in a stack that runs none."""
 
 _ABSENT = object()  # "no such key", distinct from a key whose value is None
 _UNRESOLVED = object()  # a value that could not be resolved; its problem is already recorded
@@ -491,6 +495,14 @@ def _check_implementation(stack: _Stack, name: str, kind: str, impls: Any) -> _E
             f"{path}.{implementation}: server config must be a mapping, not {type(inner).__name__} "
             f"(from {stack.origin(f'{path}.{implementation}')})"
         )
+    if isinstance(inner, dict) and inner.get(catalog.NEMO_GYM_KEY) is True:
+        try:
+            return _Entry(
+                name, kind, implementation, catalog.find_implementation_dir(kind, implementation, True)
+            )
+        except ConfigError as exc:
+            stack.problems.extend(f"{path}: {problem} (from {origin})" for problem in exc.problems)
+            return None
     try:
         directory: Path | None = catalog.find_implementation_dir(kind, implementation)
     except ConfigError:
@@ -609,7 +621,9 @@ def load_config(
     _apply_overrides(stack, parsed)
     _apply_directives(stack)
     raw = stack.raw()
-    entries, instances = _classify(stack, raw)
+    root = raw.get(catalog.NEMO_GYM_ROOT_KEY)
+    with catalog.config_nemo_gym_root(str(root) if isinstance(root, str) else None):
+        entries, instances = _classify(stack, raw)
     scanned = _scan_values(stack, stack.merged, "", raw)
     for entry in entries:
         inner = scanned[entry.name][entry.kind][entry.implementation]
@@ -651,11 +665,21 @@ def _unused_globals(stack: _Stack, raw: dict[str, Any], entries: list[_Entry], e
     """
     servers = {entry.name for entry in entries} | set(stack.relays)
     used = _referenced_keys(raw)
+    if any(_runs_nemo_gym(entry, raw) for entry in entries):
+        used |= set(NEMO_GYM_SETTINGS)
     return [
         str(name)
         for name in raw
         if name not in servers and name not in used and stack.origin(str(name)) not in env
     ]
+
+
+def _runs_nemo_gym(entry: _Entry, raw: dict[str, Any]) -> bool:
+    """Whether ``entry`` is a NeMo Gym server (marked ``nemo_gym: true`` or importing ``nemo_gym``)."""
+    inner = raw[entry.name][entry.kind][entry.implementation]
+    entrypoint = str(inner.get("entrypoint") or "app.py") if isinstance(inner, dict) else "app.py"
+    marked = isinstance(inner, dict) and inner.get(catalog.NEMO_GYM_KEY) is True
+    return marked or (entry.directory is not None and catalog.imports_nemo_gym(entry.directory, entrypoint))
 
 
 def _build(stack: _Stack, entries: list[_Entry], sources: list[str]) -> StackConfig:

@@ -60,6 +60,7 @@ from polygym.stack.config import ConfigError, ServerSpec, StackConfig
 from polygym.stack.external import EXTERNAL, external_entries
 from polygym.stack.head import Registry, head_app, slot_of
 from polygym.stack.loader import build_server
+from polygym.stack.nemo_gym_server import NemoGymServers, is_nemo_gym_server
 from polygym.stack.placement import placement_of
 
 DEFAULT_HEAD_PORT = 11000
@@ -371,6 +372,11 @@ class Stack:
         """Proves a registration comes from this stack's own processes; never printed or recorded."""
         self.head: AppServer | None = None
         self.started_in_s = 0.0
+        specs = list(config.servers.values())
+        self.nemo_gym = NemoGymServers([s for s in specs if is_nemo_gym_server(s)])
+        """NeMo Gym's own servers, run beside the backend's as NeMo Gym runs them (``nemo_gym_server``)."""
+        self._own_specs = [s for s in specs if s not in self.nemo_gym.specs and s.implementation != EXTERNAL]
+        """The servers the backend places: neither NeMo Gym's nor someone else's (external)."""
 
     @property
     def head_url(self) -> str:
@@ -398,9 +404,12 @@ class Stack:
         await self.head.start()
         for entry in self.external:
             self.registry.register(entry)
-        placed = [spec for spec in self.config.servers.values() if spec.implementation != EXTERNAL]
         try:
-            await self.backend.start(placed, self.registry, self.head_url, self.stack_id, self.secret)
+            await self.backend.start(
+                self._own_specs, self.registry, self.head_url, self.stack_id, self.secret
+            )
+            if self.nemo_gym.specs:  # after polygym's: their addresses go into NeMo Gym's config
+                await self.nemo_gym.start(self.config, self.registry, self.head_url, self.stack_id)
         except BaseException:
             await self.stop()
             raise
@@ -433,7 +442,16 @@ class Stack:
         return self.backend.client if isinstance(self.backend, InlineBackend) else None
 
     async def wait_failure(self) -> ServerFailure:
-        return await self.backend.wait_failure()
+        if not self.nemo_gym.specs:
+            return await self.backend.wait_failure()
+        waits = [
+            asyncio.ensure_future(self.backend.wait_failure()),
+            asyncio.ensure_future(self.nemo_gym.wait_failure()),
+        ]
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        return next(iter(done)).result()
 
     async def restart(self, name: str) -> None:
         """Restart one dead server of a subprocess stack (the others keep running)."""
@@ -445,6 +463,7 @@ class Stack:
 
     async def stop(self) -> None:
         try:
+            await self.nemo_gym.stop()
             await self.backend.stop()
         finally:
             if self.head is not None:

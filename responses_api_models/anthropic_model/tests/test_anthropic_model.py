@@ -124,7 +124,8 @@ async def test_sends_anthropic_headers_and_converted_body(raw: ServerClient) -> 
         "input_tokens": 15,
         "output_tokens": 7,
         "total_tokens": 22,
-        "input_tokens_details": {"cached_tokens": 3},
+        "input_tokens_details": {"cached_tokens": 3, "cache_write_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},  # a full OpenAI Response, as NeMo Gym's agents need
     }
     assert (response["model"], response["status"], response["temperature"]) == ("claude-t", "completed", 0.3)
 

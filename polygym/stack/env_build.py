@@ -1,0 +1,283 @@
+"""The Python environments NeMo Gym servers run in, built once per set of inputs and cached.
+
+A NeMo Gym server folder runs in a virtual environment of its own holding ``nemo-gym`` and the
+folder's ``requirements.txt`` (NeMo Gym's own ``ng_run`` does the same with uv). Building one
+takes minutes (nemo-gym pulls Ray, MLflow, ...), so an environment is kept under a cache
+directory keyed on everything that decides its contents: the interpreter and its version, the
+nemo-gym package (a wheel by content hash, else the requirement text) and the requirement
+lines. Change any of them and a new environment is built; servers whose inputs match share one.
+
+An environment with requirements of its own starts as a copy of the one with nemo-gym alone.
+A failed build is never reused: it happens in a temporary folder next to the cache entry, and
+only a finished one is renamed into place (``os.rename`` is atomic on one file system), so a
+crash, a Ctrl-C or a pip error leaves nothing that looks ready. A lock file per key keeps two
+stacks that start together from building the same environment twice.
+
+Cache root: ``POLYGYM_ENV_CACHE``, else ``~/.cache/polygym/envs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import ClassVar
+
+from polygym.errors import ConfigError, ProblemsError
+
+CACHE_ENV_VAR = "POLYGYM_ENV_CACHE"
+PYTHON_ENV_VAR = "POLYGYM_NEMO_GYM_PYTHON"
+PYTHON_KEY = "nemo_gym_python"
+"""Config key (a path, a command or a version such as ``3.13``) choosing the servers' interpreter."""
+PACKAGE_KEY = "nemo_gym_package"
+"""Config key: what pip installs as nemo-gym (a requirement such as ``nemo-gym==0.7.0``, or a wheel path)."""
+READY_MARKER = "polygym-env.json"
+PIP_TAIL_LINES = 30
+BUILD_TIMEOUT_S = 3600.0
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+class EnvBuildError(ProblemsError):
+    """Building an environment failed (pip's tail is included). A missing or unusable interpreter
+    is a ``ConfigError`` instead (exit 2): it names the option that chooses one."""
+
+    exit_code: ClassVar[int] = 1
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "polygym" / "envs")
+
+
+def python_version(python: Path) -> tuple[int, int, int] | None:
+    """``(major, minor, micro)`` of an interpreter, or None when it does not run."""
+    try:
+        done = subprocess.run(
+            [str(python), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = _VERSION.fullmatch(done.stdout.strip()) if done.returncode == 0 else None
+    return (int(match[1]), int(match[2]), int(match[3] or 0)) if match else None
+
+
+def _candidates() -> Iterator[Path]:
+    """Interpreters worth trying, newest first: ``python3.1x`` on PATH, then pyenv's versions."""
+    for minor in (14, 13, 12):
+        found = shutil.which(f"python3.{minor}")
+        if found:
+            yield Path(found)
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    if pyenv.is_dir():
+        for folder in sorted(pyenv.iterdir(), key=lambda p: _sort_key(p.name), reverse=True):
+            if _VERSION.match(folder.name) and (folder / "bin" / "python").is_file():
+                yield folder / "bin" / "python"
+
+
+def _sort_key(text: str) -> tuple[int, ...]:
+    match = _VERSION.match(text)
+    return (int(match[1]), int(match[2]), int(match[3] or 0)) if match else (0,)
+
+
+def satisfies(version: tuple[int, int, int], requires_python: str) -> bool:
+    """Whether ``version`` meets a ``Requires-Python`` specifier (``>=3.13.14``, ``>=3.12,<3.14``)."""
+    from packaging.specifiers import SpecifierSet
+
+    return SpecifierSet(requires_python).contains(".".join(map(str, version)))
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    path: Path
+    version: tuple[int, int, int]
+    ignore_requires_python: bool
+    """True when the interpreter is older than nemo-gym declares: pip is then told to install anyway."""
+
+    @property
+    def version_text(self) -> str:
+        return ".".join(map(str, self.version))
+
+
+def find_python(requested: str | None, requires_python: str | None) -> Interpreter:
+    """The interpreter NeMo Gym servers get.
+
+    ``requested`` (config ``nemo_gym_python``, else ``POLYGYM_NEMO_GYM_PYTHON``) is a path, a command
+    on PATH, or a version (``3.13`` picks the newest 3.13 found). Without one, the newest Python
+    3.12+ that meets nemo-gym's ``Requires-Python`` is chosen, else the newest 3.12+ found, with
+    pip's ``--ignore-requires-python`` (nemo-gym 0.5+ declares 3.13.14, which few machines have;
+    0.7.0 is tested here on 3.13.0 that way).
+    """
+    requested = requested or os.environ.get(PYTHON_ENV_VAR) or None
+    if requested:
+        return _requested(requested, requires_python)
+    found = [
+        (path, version)
+        for path in _candidates()
+        if (version := python_version(path)) and version >= (3, 12, 0)
+    ]
+    if not found:
+        raise ConfigError(
+            [
+                "no Python 3.12+ found for NeMo Gym servers (looked for python3.12-3.14 on PATH and in "
+                f"~/.pyenv/versions): install one, or name it with {PYTHON_KEY}: PATH in the config, "
+                f"--nemo-gym-python PATH or {PYTHON_ENV_VAR}"
+                + (f" (nemo-gym declares Requires-Python {requires_python})" if requires_python else "")
+            ]
+        )
+    for path, version in found:
+        if requires_python is None or satisfies(version, requires_python):
+            return Interpreter(path, version, False)
+    path, version = max(found, key=lambda item: item[1])
+    return Interpreter(path, version, True)
+
+
+def _requested(requested: str, requires_python: str | None) -> Interpreter:
+    path: Path | None
+    if _VERSION.fullmatch(requested):
+        path = next((p for p in _candidates() if (v := python_version(p)) and _matches(v, requested)), None)
+    else:
+        which = shutil.which(requested)
+        path = (
+            Path(which)
+            if which
+            else (Path(requested).expanduser() if Path(requested).expanduser().is_file() else None)
+        )
+    version = python_version(path) if path is not None else None
+    if path is None or version is None:
+        raise ConfigError(
+            [
+                f"{PYTHON_KEY} / --nemo-gym-python / {PYTHON_ENV_VAR} '{requested}': no such Python "
+                "(give a path, a command on PATH, or a version such as 3.13)"
+            ]
+        )
+    ignore = requires_python is not None and not satisfies(version, requires_python)
+    return Interpreter(path, version, ignore)
+
+
+def _matches(version: tuple[int, int, int], wanted: str) -> bool:
+    parts = tuple(int(p) for p in wanted.split("."))
+    return version[: len(parts)] == parts
+
+
+@dataclass(frozen=True)
+class EnvInputs:
+    """Everything that decides an environment's contents; its hash is the cache key."""
+
+    python: str
+    python_version: str
+    ignore_requires_python: bool
+    nemo_gym: str
+    """What pip installs as nemo-gym: a wheel path, a checkout path or a requirement (``nemo-gym==0.7.0``)."""
+    nemo_gym_digest: str
+    requirements: tuple[str, ...]
+
+    def key(self) -> str:
+        text = json.dumps(asdict(self), sort_keys=True)
+        return f"py{self.python_version}-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def venv_python(env: Path) -> Path:
+    return env / "bin" / "python"
+
+
+def ensure_env(inputs: EnvInputs, announce: bool = True) -> Path:
+    """The ready environment for ``inputs``, building it first when the cache has none."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / inputs.key()
+    if (final / READY_MARKER).is_file():
+        return final
+    with _locked(root / f"{inputs.key()}.lock"):
+        if (final / READY_MARKER).is_file():  # another process built it while we waited
+            return final
+        if final.exists():  # not ours and not ready: a leftover from an older polygym, never reused
+            shutil.rmtree(final, ignore_errors=True)
+        for stale in root.glob(f".build-{inputs.key()}-*"):  # a killed builder's; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        if announce:
+            print(
+                f"building the NeMo Gym environment {final.name} (Python {inputs.python_version}, "
+                f"{inputs.nemo_gym}); this takes minutes once, then it is cached in {root}",
+                file=sys.stderr,
+                flush=True,
+            )
+        work = Path(tempfile.mkdtemp(prefix=f".build-{inputs.key()}-", dir=root))
+        try:
+            _build(work, inputs)
+            os.rename(work, final)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+    return final
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(work: Path, inputs: EnvInputs) -> None:
+    """A venv with nemo-gym and the requirements, in ``work``.
+
+    With requirements of its own, the environment starts as a copy of the one with nemo-gym alone
+    (built first when missing, and shared by every server that needs nothing more): copying takes
+    seconds where installing nemo-gym's ~300 packages takes minutes. The one pip run that follows
+    names nemo-gym and the requirements together, so they resolve together as in NeMo Gym.
+    """
+    log = work / "build.log"
+    if inputs.requirements:
+        base = ensure_env(replace(inputs, requirements=()), announce=False)
+        shutil.copytree(base, work, symlinks=True, dirs_exist_ok=True)
+        (work / READY_MARKER).unlink()
+    else:
+        _run([inputs.python, "-m", "venv", str(work)], log, "python -m venv")
+    requirements = work / "requirements.txt"
+    requirements.write_text("\n".join(inputs.requirements) + "\n")
+    pip = [str(venv_python(work)), "-m", "pip", "install", "--disable-pip-version-check"]
+    if inputs.ignore_requires_python:
+        pip.append("--ignore-requires-python")
+    _run([*pip, inputs.nemo_gym, "-r", str(requirements)], log, "pip install")
+    (work / READY_MARKER).write_text(json.dumps(asdict(inputs), indent=2))
+
+
+def _run(command: list[str], log: Path, what: str) -> None:
+    with log.open("ab") as out:
+        try:
+            done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise EnvBuildError([f"{what} ran past {BUILD_TIMEOUT_S:g}s; log tail:\n{_tail(log)}"]) from None
+    if done.returncode != 0:
+        raise EnvBuildError(
+            [f"building the NeMo Gym environment failed: {what} exited {done.returncode}:\n{_tail(log)}"]
+        )
+
+
+def _tail(log: Path) -> str:
+    lines = log.read_text(errors="replace").splitlines()
+    useful = [line for line in lines if not line.startswith("WARNING: Location ")]
+    return "\n".join(f"    {line}" for line in useful[-PIP_TAIL_LINES:])

@@ -1,0 +1,348 @@
+"""NeMo Gym's own servers in a polygym stack, started the way NeMo Gym's ``ng_run`` starts them.
+
+A server folder whose entrypoint imports ``nemo_gym`` (or whose config says ``nemo_gym: true``)
+is not imported into polygym: it runs as NeMo Gym runs it, so it behaves exactly as it does there.
+The process contract, read from NeMo Gym's ``ng_run`` (``nemo_gym/cli/env.py``,
+``cli/setup_command.py``, ``server_utils.py``):
+
+* **Its own environment**: nemo-gym plus the folder's ``requirements.txt``, whose line naming
+  NeMo Gym's checkout (``-e nemo-gym[dev] @ ../../``) is replaced by the nemo-gym package
+  itself, as ``ng_run`` does outside a checkout. Built and cached by ``stack.env_build``.
+* **The command**: that environment's interpreter running the entrypoint (``python app.py``), in
+  the server folder, with the folder on ``PYTHONPATH`` (and a checkout's root, which NeMo Gym's
+  editable install puts there). polygym's own ``PYTHONPATH`` is not passed on: it is for another
+  interpreter, and its ``resources_servers`` package would shadow NeMo Gym's.
+* **Its configuration**: the whole resolved global config as YAML in ``NEMO_GYM_CONFIG_DICT``
+  and the server's own top-level name in ``NEMO_GYM_CONFIG_PATH``. The defaults NeMo Gym fills
+  in come from the installed nemo-gym itself (``stack.nemo_gym_resolve``), so they are right for
+  its version. Every server of the stack is in it with its ``host``/``port`` and the head server
+  under ``head_server``: a NeMo Gym server's ``ServerClient`` resolves names from this config.
+* **Its address**: NeMo Gym's parent chooses the port and the child binds it (the child reads it
+  from the config). polygym otherwise binds, never probes (DESIGN §4), but this contract leaves
+  no other way: a free port is taken from the OS just before the child starts, as ``ng_run``
+  does. The launcher registers the child in the head registry by that URL once it accepts
+  connections, so polygym's servers and collectors reach it by name like any other.
+
+polygym's servers start first (their addresses go into the children's config), then every NeMo
+Gym server at once; a child that dies is reported by name with its log tail, as the subprocess
+backend reports its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from polygym.errors import ConfigError
+from polygym.stack import catalog
+from polygym.stack import records as stacks
+from polygym.stack.backend import LOG_TAIL_LINES, STOP_TIMEOUT_S, LaunchError, RunningServer, ServerFailure
+from polygym.stack.config import NEMO_GYM_SETTINGS as STACK_KEYS
+from polygym.stack.config import ServerSpec, StackConfig
+from polygym.stack.env_build import (
+    PACKAGE_KEY,
+    PYTHON_KEY,
+    EnvInputs,
+    ensure_env,
+    file_digest,
+    find_python,
+    venv_python,
+)
+from polygym.stack.head import HEAD_SERVER_KEY, Registry
+
+NEMO_GYM_KEY = catalog.NEMO_GYM_KEY
+CONFIG_DICT_ENV = "NEMO_GYM_CONFIG_DICT"
+CONFIG_PATH_ENV = "NEMO_GYM_CONFIG_PATH"
+READY_TIMEOUT_S = 180.0
+"""NeMo Gym servers import a lot (Ray, MLflow, openai) before they bind; cold caches make it slow."""
+_RESOLVER = Path(__file__).with_name("nemo_gym_resolve.py")
+
+
+def entrypoint_of(spec: ServerSpec) -> str:
+    return str(spec.config.get("entrypoint") or "app.py")
+
+
+def is_nemo_gym_server(spec: ServerSpec) -> bool:
+    """A NeMo Gym server: marked ``nemo_gym: true``, or its entrypoint imports ``nemo_gym``."""
+    return spec.config.get(NEMO_GYM_KEY) is True or catalog.imports_nemo_gym(
+        spec.directory, entrypoint_of(spec)
+    )
+
+
+@dataclass(frozen=True)
+class NemoGymPackage:
+    """What pip installs as nemo-gym for servers of one NeMo Gym root."""
+
+    install: str
+    digest: str
+    requires_python: str | None
+
+
+def _dist_info(root: Path) -> Path | None:
+    found = sorted(root.glob("nemo_gym-*.dist-info"))
+    return found[-1] if found else None
+
+
+def _metadata_field(text: str, field: str) -> str | None:
+    match = re.search(rf"^{field}:\s*(.+)$", text, re.MULTILINE)
+    return match[1].strip() if match else None
+
+
+def nemo_gym_package(root: Path, override: str | None) -> NemoGymPackage:
+    """nemo-gym for servers found under ``root``: a NeMo Gym checkout (its ``pyproject.toml``), an
+    installed or unpacked wheel (its ``dist-info``: the wheel next to it if there is one, else
+    ``nemo-gym==VERSION`` from the package index), or ``override`` (config ``nemo_gym_package``)."""
+    info = _dist_info(root)
+    requires = None
+    if info is not None and (info / "METADATA").is_file():
+        text = (info / "METADATA").read_text(errors="replace")
+        requires = _metadata_field(text, "Requires-Python")
+        version = _metadata_field(text, "Version")
+    if override:
+        path = Path(override).expanduser()
+        digest = file_digest(path) if path.is_file() else override
+        return NemoGymPackage(str(path) if path.is_file() else override, digest, requires)
+    if info is not None and version:
+        for folder in (root, root.parent):
+            wheels = sorted(folder.glob(f"nemo_gym-{version}-*.whl"))
+            if wheels:
+                return NemoGymPackage(str(wheels[-1]), file_digest(wheels[-1]), requires)
+        return NemoGymPackage(f"nemo-gym=={version}", f"nemo-gym=={version}", requires)
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file():
+        text = pyproject.read_text(errors="replace")
+        match = re.search(r'requires-python\s*=\s*"([^"]+)"', text)
+        return NemoGymPackage(str(root), file_digest(pyproject), match[1] if match else None)
+    raise ConfigError(
+        [
+            f"{root}: cannot tell which nemo-gym its servers need (no nemo_gym-*.dist-info, no "
+            f"pyproject.toml); set {PACKAGE_KEY}: nemo-gym==VERSION (or a wheel path) in the config"
+        ]
+    )
+
+
+def server_requirements(spec: ServerSpec) -> tuple[str, ...]:
+    """The folder's requirement lines, without the one that points at NeMo Gym's checkout."""
+    path = spec.directory / "requirements.txt"
+    if not path.is_file():
+        if (spec.directory / "pyproject.toml").is_file():
+            raise ConfigError(
+                [
+                    f"{spec.name}: {spec.directory} declares its dependencies in pyproject.toml; polygym "
+                    "runs NeMo Gym server folders with a requirements.txt only"
+                ]
+            )
+        return ()
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#") and "../.." not in line)
+
+
+def env_inputs(spec: ServerSpec, config: StackConfig) -> EnvInputs:
+    """What the environment of ``spec`` is made of (config keys first, then the defaults)."""
+    root = spec.directory.resolve().parent.parent
+    package = nemo_gym_package(root, _text(config.globals.get(PACKAGE_KEY)))
+    python = find_python(_text(config.globals.get(PYTHON_KEY)), package.requires_python)
+    return EnvInputs(
+        python=str(python.path),
+        python_version=python.version_text,
+        ignore_requires_python=python.ignore_requires_python,
+        nemo_gym=package.install,
+        nemo_gym_digest=package.digest,
+        requirements=server_requirements(spec),
+    )
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def free_port(host: str) -> int:
+    """A port the OS has free now; the child binds it (see the module docstring for why)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def global_config(
+    config: StackConfig, addresses: dict[str, tuple[str, int]], head_url: str
+) -> dict[str, Any]:
+    """The stack as NeMo Gym's global config: every server with its address, and the head's."""
+    out: dict[str, Any] = {k: v for k, v in config.globals.items() if k not in STACK_KEYS}
+    for spec in config.servers.values():
+        inner = {k: v for k, v in spec.config.items() if k != NEMO_GYM_KEY}
+        inner.setdefault("entrypoint", "app.py")
+        host, port = addresses[spec.name]
+        inner.update(host=host, port=port)
+        out[spec.name] = {spec.kind: {spec.implementation: inner}}
+    head = urlsplit(head_url)
+    out[HEAD_SERVER_KEY] = {"host": head.hostname, "port": head.port}
+    return out
+
+
+def resolve_with_nemo_gym(env: Path, config: dict[str, Any]) -> str:
+    """``config`` completed by the installed nemo-gym's own parser, as YAML (``NEMO_GYM_CONFIG_DICT``)."""
+    done = subprocess.run(
+        [str(venv_python(env)), str(_RESOLVER)],
+        input=json.dumps(config),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        tail = "\n".join(f"    {line}" for line in done.stderr.splitlines()[-LOG_TAIL_LINES:])
+        raise LaunchError(f"NeMo Gym (in {env}) refused the stack's config:\n{tail}")
+    return done.stdout
+
+
+class NemoGymServers:
+    """The NeMo Gym servers of one stack: environments, processes, registry entries."""
+
+    def __init__(self, specs: list[ServerSpec]) -> None:
+        self.specs = specs
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.logs: dict[str, Path] = {}
+
+    async def start(self, config: StackConfig, registry: Registry, head_url: str, stack_id: str) -> None:
+        """Build (or reuse) each environment, start every server, register each once it listens."""
+        inputs = {spec.name: env_inputs(spec, config) for spec in self.specs}
+        distinct = list(dict.fromkeys(inputs.values()))  # servers with the same inputs share one
+        for each in {(i.python, i.python_version) for i in distinct if i.ignore_requires_python}:
+            print(
+                f"warning: nemo-gym declares a newer Python than {each[1]} ({each[0]}); installing it "
+                f"there with --ignore-requires-python (choose another: --nemo-gym-python, {PYTHON_KEY})",
+                file=sys.stderr,
+            )
+        built = await asyncio.gather(*(asyncio.to_thread(ensure_env, each) for each in distinct))
+        envs = {name: built[distinct.index(each)] for name, each in inputs.items()}
+        addresses = {name: _address(entry["url"]) for name, entry in registry.entries.items()}
+        for spec in self.specs:
+            addresses[spec.name] = ("127.0.0.1", free_port("127.0.0.1"))
+        missing = [name for name in config.servers if name not in addresses]
+        if missing:
+            raise LaunchError(f"no address for {', '.join(missing)} to give NeMo Gym's servers")
+        whole = global_config(config, addresses, head_url)
+        resolved: dict[Path, str] = {}
+        log_dir = stacks.logs_dir(stack_id)
+        for spec in self.specs:
+            env = envs[spec.name]
+            if env not in resolved:
+                resolved[env] = await asyncio.to_thread(resolve_with_nemo_gym, env, whole)
+            await self._spawn(spec, env, resolved[env], log_dir)
+        await self._wait_listening(registry, addresses)
+
+    async def _spawn(self, spec: ServerSpec, env: Path, config_yaml: str, log_dir: Path) -> None:
+        log_path = log_dir / f"{spec.name}.log"
+        self.logs[spec.name] = log_path
+        folder = str(spec.directory.resolve())
+        root = spec.directory.resolve().parent.parent
+        checkout = [str(root)] if (root / "pyproject.toml").is_file() else []  # as its editable install
+        python_path = os.pathsep.join([folder, *checkout])
+        child_env = {
+            **os.environ,
+            CONFIG_DICT_ENV: config_yaml,
+            CONFIG_PATH_ENV: spec.name,
+            "PYTHONPATH": python_path,
+            "PYTHONUNBUFFERED": "1",
+        }
+        with log_path.open("wb") as log:
+            self.procs[spec.name] = await asyncio.create_subprocess_exec(
+                str(venv_python(env)),
+                entrypoint_of(spec),
+                cwd=folder,
+                env=child_env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # its own process group: stop() ends uvicorn workers too
+            )
+
+    async def _wait_listening(self, registry: Registry, addresses: dict[str, tuple[str, int]]) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        waiting = {spec.name: spec for spec in self.specs}
+        while waiting:
+            for name, spec in list(waiting.items()):
+                proc = self.procs[name]
+                if proc.returncode is not None:
+                    raise LaunchError(self.describe_death(name, proc.returncode, "while starting"))
+                host, port = addresses[name]
+                if await _accepts(host, port):
+                    url = f"http://{host}:{port}"
+                    entry = RunningServer(name, spec.kind, spec.implementation, url, proc.pid)
+                    registry.register({**asdict(entry), "nemo_gym": True})
+                    del waiting[name]
+            if waiting and time.monotonic() > deadline:
+                late = ", ".join(sorted(waiting))
+                raise LaunchError(f"NeMo Gym server(s) not listening after {READY_TIMEOUT_S:g}s: {late}")
+            if waiting:
+                await asyncio.sleep(0.1)
+
+    def describe_death(self, name: str, returncode: int, when: str = "") -> str:
+        pid = self.procs[name].pid
+        how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+        path = self.logs.get(name)
+        try:
+            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:] if path else []
+        except OSError:
+            lines = []
+        body = "\n".join(f"    {line}" for line in lines) or "    (log is empty)"
+        when = f" {when}" if when else ""
+        return f"NeMo Gym server '{name}' (pid {pid}) {how}{when}.\n  last lines of {path}:\n{body}"
+
+    async def wait_failure(self) -> ServerFailure:
+        waits = {asyncio.ensure_future(p.wait()): name for name, p in self.procs.items()}
+        if not waits:
+            await asyncio.Event().wait()
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        name = waits[next(iter(done))]
+        return ServerFailure(name, self.describe_death(name, self.procs[name].returncode or 0))
+
+    async def stop(self) -> None:
+        """SIGTERM each server's process group, SIGKILL what is left after the deadline."""
+        alive = [p for p in self.procs.values() if p.returncode is None]
+        for proc in alive:
+            _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in alive)), STOP_TIMEOUT_S)
+        except TimeoutError:
+            for proc in alive:
+                _signal_group(proc.pid, signal.SIGKILL)
+            await asyncio.gather(*(p.wait() for p in alive))
+
+    def pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in self.procs.items()}
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signal the process group the child leads (it was started in a session of its own)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _accepts(host: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return str(parts.hostname), int(parts.port or 80)

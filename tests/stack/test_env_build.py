@@ -1,0 +1,84 @@
+"""The NeMo Gym environment cache: keyed on its inputs, and a failed build is never kept."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from polygym.errors import ConfigError
+from polygym.stack import env_build
+from polygym.stack.env_build import EnvBuildError, EnvInputs, ensure_env, find_python
+
+INPUTS = EnvInputs(
+    python=sys.executable,
+    python_version="3.12.1",
+    ignore_requires_python=False,
+    nemo_gym="nemo-gym==0.7.0",
+    nemo_gym_digest="nemo-gym==0.7.0",
+    requirements=("fastapi",),
+)
+
+
+def test_every_input_changes_the_key() -> None:
+    changed = [
+        replace(INPUTS, python_version="3.13.0"),
+        replace(INPUTS, ignore_requires_python=True),
+        replace(INPUTS, nemo_gym_digest="0" * 64),
+        replace(INPUTS, requirements=("fastapi==0.1",)),
+    ]
+    keys = {INPUTS.key(), *(inputs.key() for inputs in changed)}
+    assert len(keys) == 1 + len(changed)
+    assert INPUTS.key() == replace(INPUTS).key()
+
+
+def test_a_failed_build_shows_pips_tail_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(env_build.CACHE_ENV_VAR, str(tmp_path))
+    broken = replace(INPUTS, nemo_gym=str(tmp_path / "no-such-nemo_gym-0.0.0-py3-none-any.whl"))
+    with pytest.raises(EnvBuildError) as failed:
+        ensure_env(broken, announce=False)
+    assert "pip install exited" in str(failed.value) and "no-such-nemo_gym" in str(failed.value)
+    assert failed.value.exit_code == 1
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_ready_entry_is_reused_without_building(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(env_build.CACHE_ENV_VAR, str(tmp_path))
+    ready = tmp_path / INPUTS.key()
+    ready.mkdir()
+    (ready / env_build.READY_MARKER).write_text("{}")
+    monkeypatch.setattr(env_build, "_build", lambda *args: pytest.fail("rebuilt a ready environment"))
+    assert ensure_env(INPUTS, announce=False) == ready
+
+
+def test_an_unfinished_entry_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(env_build.CACHE_ENV_VAR, str(tmp_path))
+    (tmp_path / INPUTS.key()).mkdir()  # no ready marker: a leftover, never used as is
+    killed = tmp_path / f".build-{INPUTS.key()}-killed"  # a builder that was killed mid-way
+    killed.mkdir()
+    built: list[Path] = []
+
+    def build(work: Path, inputs: EnvInputs) -> None:
+        built.append(work)
+        (work / env_build.READY_MARKER).write_text("{}")
+
+    monkeypatch.setattr(env_build, "_build", build)
+    assert (ensure_env(INPUTS, announce=False) / env_build.READY_MARKER).is_file()
+    assert len(built) == 1 and built[0] != tmp_path / INPUTS.key()
+    assert not killed.exists()
+
+
+def test_a_python_that_does_not_exist_is_a_usage_error() -> None:
+    with pytest.raises(ConfigError) as refused:
+        find_python("/no/such/python3.13", ">=3.13.14")
+    assert refused.value.exit_code == 2 and "--nemo-gym-python" in str(refused.value)
+
+
+def test_an_older_python_installs_with_ignore_requires_python() -> None:
+    chosen = find_python(sys.executable, ">=99.0")
+    assert chosen.ignore_requires_python and chosen.path == Path(sys.executable)
+    assert not find_python(sys.executable, ">=3.0").ignore_requires_python

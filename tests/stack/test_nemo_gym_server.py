@@ -1,0 +1,108 @@
+"""NeMo Gym's process contract, the parts that need no environment: detection, inputs, config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from polygym.errors import ConfigError
+from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
+from polygym.stack.config import ServerSpec, StackConfig, load_config
+from polygym.stack.nemo_gym_server import (
+    global_config,
+    is_nemo_gym_server,
+    nemo_gym_package,
+    server_requirements,
+)
+
+
+def nemo_tree(root: Path) -> Path:
+    """A minimal unpacked NeMo Gym wheel: dist-info, one resources server, the wheel beside it."""
+    info = root / "nemo_gym-9.9.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Name: nemo-gym\nVersion: 9.9.0\nRequires-Python: >=3.13.14\n")
+    (root.parent / "nemo_gym-9.9.0-py3-none-any.whl").write_bytes(b"not really a wheel")
+    server = root / "resources_servers" / "tiny"
+    (server / "configs").mkdir(parents=True)
+    (server / "app.py").write_text("from nemo_gym.base_resources_server import SimpleResourcesServer\n")
+    (server / "requirements.txt").write_text("-e nemo-gym[dev] @ ../../\n# a comment\nrich\n\n")
+    (server / "configs" / "tiny.yaml").write_text(
+        "tiny:\n  resources_servers:\n    tiny:\n      entrypoint: app.py\n"
+    )
+    return root
+
+
+def spec(directory: Path, **config: object) -> ServerSpec:
+    return ServerSpec(
+        "tiny", "resources_servers", "tiny", {"entrypoint": "app.py", **config}, "test", directory
+    )
+
+
+def test_a_folder_importing_nemo_gym_is_nemo_gyms_and_polygyms_are_not(tmp_path: Path) -> None:
+    root = nemo_tree(tmp_path / "ng")
+    assert is_nemo_gym_server(spec(root / "resources_servers" / "tiny"))
+    shipped = Path(__file__).resolve().parents[2] / "resources_servers" / "example_single_tool_call"
+    assert not is_nemo_gym_server(spec(shipped))
+    assert is_nemo_gym_server(spec(shipped, nemo_gym=True))
+
+
+def test_requirements_drop_the_checkout_line_as_ng_run_does(tmp_path: Path) -> None:
+    root = nemo_tree(tmp_path / "ng")
+    assert server_requirements(spec(root / "resources_servers" / "tiny")) == ("rich",)
+
+
+def test_the_wheel_beside_an_unpacked_tree_is_what_gets_installed(tmp_path: Path) -> None:
+    root = nemo_tree(tmp_path / "ng")
+    package = nemo_gym_package(root, None)
+    assert package.install == str(tmp_path / "nemo_gym-9.9.0-py3-none-any.whl")
+    assert package.requires_python == ">=3.13.14" and len(package.digest) == 64
+    (tmp_path / "nemo_gym-9.9.0-py3-none-any.whl").unlink()
+    assert nemo_gym_package(root, None).install == "nemo-gym==9.9.0"
+    assert nemo_gym_package(root, "nemo-gym==0.7.0").install == "nemo-gym==0.7.0"
+
+
+def test_a_root_that_says_nothing_about_nemo_gym_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nemo_gym_package"):
+        nemo_gym_package(tmp_path, None)
+
+
+def test_the_childs_config_has_every_address_and_the_head_and_no_polygym_keys(tmp_path: Path) -> None:
+    root = nemo_tree(tmp_path / "ng")
+    config = StackConfig(
+        servers={"tiny": spec(root / "resources_servers" / "tiny", nemo_gym=True)},
+        globals={"nemo_gym_python": "3.13", "policy_model_name": "m"},
+        sources=[],
+    )
+    child = global_config(config, {"tiny": ("127.0.0.1", 4321)}, "http://127.0.0.1:11000")
+    assert child == {
+        "policy_model_name": "m",
+        "tiny": {"resources_servers": {"tiny": {"entrypoint": "app.py", "host": "127.0.0.1", "port": 4321}}},
+        "head_server": {"host": "127.0.0.1", "port": 11000},
+    }
+
+
+def test_a_config_finds_nemo_gym_servers_under_the_root_it_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = nemo_tree(tmp_path / "ng")
+    monkeypatch.delenv(NEMO_GYM_ROOT_ENV_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)
+    stack = tmp_path / "stack.yaml"
+    stack.write_text(
+        f"nemo_gym_root: {root}\ntiny:\n  resources_servers:\n    tiny:\n      entrypoint: app.py\n"
+    )
+    loaded = load_config([stack], env_files=[])
+    assert loaded.servers["tiny"].directory == root / "resources_servers" / "tiny"
+    assert loaded.warnings == []  # nemo_gym_root is used by this stack
+
+
+def test_nemo_gym_true_without_a_root_says_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(NEMO_GYM_ROOT_ENV_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)
+    stack = tmp_path / "stack.yaml"
+    stack.write_text("a:\n  responses_api_agents:\n    simple_agent:\n      nemo_gym: true\n")
+    with pytest.raises(ConfigError, match="--nemo-gym-root"):
+        load_config([stack], env_files=[])
