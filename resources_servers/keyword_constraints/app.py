@@ -9,7 +9,8 @@ only keep or lose that), and whether it still does is a yes/no per prompt (paire
 What "one sentence" means here: after stripping the reply and one pair of surrounding quotes,
 the text holds letters, and no sentence-ending mark (``.``, ``!``, ``?``) is followed by more words.
 Words are runs of letters, digits and apostrophes (hyphenated words count once); the keyword
-matches a whole word, case aside (``River`` matches ``river``, ``rivers`` does not).
+matches a whole word, case and a trailing ``'s`` aside (``River`` and ``river's`` match ``river``,
+``rivers`` does not).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def check(text: str, keyword: str, position: Position, max_words: int) -> dict[s
     """Each constraint's verdict on ``text`` and the word count."""
     sentence = strip_quotes(text)
     words = WORD.findall(sentence)
-    lowered = [w.lower() for w in words]
+    lowered = [w.lower().removesuffix("'s") for w in words]
     key = keyword.lower()
     found = bool(lowered) and (lowered[0] == key if position == "first" else key in lowered)
     return {

@@ -1,4 +1,4 @@
-"""Write the keyword-sentence datasets: example (5), train (200), validation (50) and heldout (50).
+"""Write the keyword-sentence datasets: example (5), train (150), validation (50) and heldout (50).
 
 Run from anywhere: ``python resources_servers/keyword_constraints/data/generate.py`` writes every
 split next to this file; ``--output PATH`` writes one split (``--split``, default ``example``) to
@@ -24,13 +24,13 @@ if not __package__:  # run as a file: make the repository root importable
 from polygym.authoring.datagen import generator_main
 
 SEED = 1818
-SPLITS = {"example": 5, "train": 200, "validation": 50, "heldout": 50}
+SPLITS = {"example": 5, "train": 150, "validation": 50, "heldout": 50}
 DATA_DIR = Path(__file__).resolve().parent
 AGENT = "keyword_constraints_simple_agent"
 SYSTEM = "Follow the instruction exactly. Reply with the sentence only."
-MAX_WORDS = (8, 10, 12, 15)
-MAX_OUTPUT_TOKENS = 40
-"""Enough for any allowed sentence (15 words are about 20 tokens); a longer reply fails anyway."""
+MAX_WORDS = (15, 20, 25)
+MAX_OUTPUT_TOKENS = 48
+"""Enough for any allowed sentence (25 words are about 35 tokens); a longer reply fails anyway."""
 
 TRAIN_WORDS = [
     "apple",
