@@ -385,6 +385,7 @@ def compare_mixes(settings: CompareSettings, echo: Callable[[str], Any] = print)
         f"policy {settings.run.model} loaded once ({time.perf_counter() - began:.0f}s); arms: "
         + "; ".join(f"{a.name} trains {'+'.join(a.trained)}" for a in settings.arms)
     )
+    title = f"{settings.run.model}: {settings.run.steps} steps per arm, trainer seed {settings.run.seed}"
     results = []
     for arm in settings.arms:
         model.load_state_dict(initial)
@@ -399,11 +400,8 @@ def compare_mixes(settings: CompareSettings, echo: Callable[[str], Any] = print)
             policy=(model, tokenizer),
         )
         results.append(read_arm(arm, arm_dir, agents, time.perf_counter() - t))
-    write_report(
-        results,
-        out,
-        title=f"{settings.run.model}: {settings.run.steps} steps per arm, seed {settings.run.seed}",
-    )
+        # after every arm, so a run cut short still leaves the arms it finished compared
+        write_report(results, out, title)
     echo(f"compare-mixes done in {time.perf_counter() - began:.0f}s; files in {out}")
     return results
 
