@@ -25,6 +25,8 @@ Written to ``--output DIR``: one folder per arm (everything ``gym train run`` wr
   both ends, and each arm's worst-environment delta;
 - ``curves.jsonl`` / ``curves.png``: per environment, the validation reward (and output length) of
   each arm at every validation step;
+- ``start.json``: whether every arm's step-0 replies were the same (the check that the arms did
+  start from the same weights);
 - ``samples.md``: for the first validation prompts of each environment, the step-0 reply and each
   arm's final reply.
 """
@@ -406,7 +408,18 @@ def compare_mixes(settings: CompareSettings, echo: Callable[[str], Any] = print)
     return results
 
 
+def same_start(results: Sequence[ArmResult]) -> bool:
+    """Whether every arm's step-0 replies are the same texts (same weights, greedy: they should be)."""
+    starts = [
+        {env: {task: reply.text for task, reply in by_task.items()} for env, by_task in r.replies[0].items()}
+        for r in results
+        if 0 in r.replies
+    ]
+    return all(start == starts[0] for start in starts)
+
+
 def write_report(results: Sequence[ArmResult], out: Path, title: str) -> None:
+    (out / "start.json").write_text(json.dumps({"step0_replies_identical_across_arms": same_start(results)}))
     table = [
         {
             "arm": r.arm.name,

@@ -71,6 +71,7 @@ def test_compare_mixes_trains_each_arm_from_the_same_weights_and_validates_every
     assert first == [
         (r["env"], r["reward_before"], r["output_tokens_before"]) for r in table[1]["environments"]
     ]
+    assert json.loads((out / "start.json").read_text()) == {"step0_replies_identical_across_arms": True}
     curves = list(iter_jsonl(out / "curves.jsonl"))
     assert {(c["arm"], c["step"], c["env"]) for c in curves} == {
         (arm, step, env) for arm in ("M", "M+K") for step in (0, 1) for env in ENVS
