@@ -355,6 +355,8 @@ def plot_curves(curves: Sequence[dict[str, Any]], png: Path, title: str) -> None
                 color=colors[i % len(colors)],
             )
         top.set_title(env)
+        top.set_ylim(-0.02, 1.02)  # the whole reward range: a small change must look small
+        bottom.set_ylim(bottom=0)
         top.grid(alpha=0.3)
         top.legend(fontsize=8, loc="best")
         bottom.grid(alpha=0.3)
