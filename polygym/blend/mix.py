@@ -120,6 +120,8 @@ def _member(spec: BlendSpec, index: int, entry: EnvironmentSpec, problems: list[
         return None
     files: dict[Split, list[Path]] = {"train": [], "validation": []}
     for split in files:
+        if split == "train" and entry.eval_only:
+            continue  # never trained: its config need not list training data
         if getattr(entry, split):
             files[split] = _given_files(spec, where, entry, split, problems)
         elif environment is not None:

@@ -15,6 +15,8 @@ index in an eval run, a prompt digest in the viewer); this module only needs the
   within itself and their means averaged, every stratum counting once: the macro average.
 * ``welch``: the difference when the runs share no task (Welch's t interval, unequal variances).
 * ``delta`` picks between the two; ``flips`` lists the tasks solved in one run and not the other.
+* ``mcnemar``: whether two runs' pass/fail verdicts on the same tasks differ by more than chance
+  (exact two-sided binomial test on the tasks that flipped).
 """
 
 from __future__ import annotations
@@ -201,6 +203,35 @@ def flips(base: Mapping[K, Sequence[float]], new: Mapping[K, Sequence[float]]) -
             elif now and not was:
                 gained.append(key)
     return Flips(lost, gained)
+
+
+@dataclass(frozen=True)
+class McNemar:
+    lost: int
+    """Tasks that passed in base and fail in new."""
+    gained: int
+    """Tasks that failed in base and pass in new."""
+    n: int
+    """Tasks both runs have."""
+    p_value: float
+    """Two-sided; 1.0 when nothing flipped."""
+
+
+def mcnemar(base: Mapping[K, bool], new: Mapping[K, bool]) -> McNemar:
+    """McNemar's exact test of paired pass/fail verdicts (the tasks both runs have).
+
+    Only the tasks that flipped say anything about a change: under "no change" each flip is as
+    likely to be a loss as a gain, so the count of losses among ``lost + gained`` flips is
+    Binomial(flips, 1/2), and the p-value is the two-sided tail of what was seen. Exact rather
+    than the chi-square approximation because a validation set of a few dozen prompts flips a
+    handful of times, where the approximation is poor.
+    """
+    shared = [k for k in base if k in new]
+    lost = sum(1 for k in shared if base[k] and not new[k])
+    gained = sum(1 for k in shared if new[k] and not base[k])
+    flipped = lost + gained
+    tail = sum(math.comb(flipped, i) for i in range(min(lost, gained) + 1)) / 2**flipped
+    return McNemar(lost, gained, len(shared), min(1.0, 2 * tail) if flipped else 1.0)
 
 
 # Student's t quantile: no scipy in the core dependencies, and Welch needs it at fractional df.

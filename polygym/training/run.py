@@ -231,8 +231,9 @@ def validation_lines(step: int, rewards: dict[str, list[float]], blend: Blend) -
     ]
 
 
-def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
-    """Run everything the module docstring lists; ``echo`` receives progress lines."""
+def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] | None = None) -> RunResult:
+    """Run everything the module docstring lists; ``echo`` receives progress lines. ``policy``:
+    a ``(model, tokenizer)`` already loaded (trained in place) instead of ``settings.model``'s."""
     import torch
 
     from polygym.training.models import load_policy, train_top_layers
@@ -257,7 +258,7 @@ def train_run(settings: RunSettings, echo: Any = print) -> RunResult:
         raise ValueError(f"--max-regression: no environment {', '.join(unknown)} in {settings.spec_path}")
 
     t = time.perf_counter()
-    model, tokenizer = load_policy(settings.model)
+    model, tokenizer = policy if policy is not None else load_policy(settings.model)
     timings["load_model_s"] = time.perf_counter() - t
     total = sum(p.numel() for p in model.parameters())
     trainable = total if settings.train_layers is None else train_top_layers(model, settings.train_layers)

@@ -94,3 +94,17 @@ prompts_per_step: 2
     unwatched = write(tmp_path / "u.yaml", spec.read_text().replace(f", validation: {example(ENVS[1])}", ""))
     with pytest.raises(DatasetError, match=f"environments \\({ENVS[1]}\\): eval_only but no validation rows"):
         load_blend(load_spec(unwatched))
+
+
+def test_an_eval_only_environment_needs_no_training_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interference example's held-out C: a config that lists no datasets, validation rows given."""
+    from polygym.blend.mix import load_blend
+    from tests.conftest import ROOT
+
+    folder = ROOT / "examples" / "interference"
+    monkeypatch.chdir(folder)  # C's config lives in the example's own resources_servers/
+    members = {m.name: m for m in resolve(load_spec(folder / "blend.yaml"))}
+    held = members["keyword_constraints_heldout"]
+    assert held.train == [] and [p.name for p in held.validation] == ["heldout.jsonl"]
+    rows = load_blend(load_spec(folder / "blend.yaml"), split="validation").rows
+    assert {row.data["position"] for row in rows["keyword_constraints_heldout"]} == {"first"}

@@ -97,3 +97,15 @@ def test_small_samples_have_no_interval_and_bad_settings_raise() -> None:
         stats.mean_interval([1.0, 2.0], confidence=1.0)
     with pytest.raises(ValueError, match="resamples"):
         stats.Resampler(0)
+
+
+def test_mcnemar_exact_p_value_counts_only_the_flips() -> None:
+    base = {i: i < 12 for i in range(40)}  # 12 pass
+    new = {**base, 0: False, **{i: True for i in range(20, 29)}}  # 1 lost, 9 gained
+    result = stats.mcnemar(base, new)
+    assert (result.lost, result.gained, result.n) == (1, 9, 40)
+    assert result.p_value == pytest.approx(22 / 1024)  # 2 * P(X <= 1), X ~ Binomial(10, 1/2)
+    assert stats.mcnemar(base, base).p_value == 1.0  # nothing flipped
+    balanced = stats.mcnemar({1: True, 2: True, 3: False, 4: False}, {1: False, 2: False, 3: True, 4: True})
+    assert balanced.p_value == 1.0
+    assert stats.mcnemar({1: True, 2: True}, {2: False, 3: True}).n == 1  # only shared tasks
