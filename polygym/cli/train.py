@@ -276,37 +276,66 @@ def check_report_to(backends: tuple[str, ...]) -> None:
             fail(f"--report-to {backend}: not installed (installed: {installed})", EXIT_USAGE)
 
 
+_POLICY_OPTIONS = (
+    click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path)),
+    click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]..."),
+    click.option(
+        "--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for every file."
+    ),
+    click.option(
+        "--model", default="smollm2-135m", show_default=True, help="Known model name, GGUF file or HF folder."
+    ),
+    click.option(
+        "--learning-rate", "--lr", type=float, default=1e-4, show_default=True, help="Constant learning rate."
+    ),
+    click.option("--temperature", type=float, default=1.0, show_default=True, help="Sampling temperature."),
+    click.option(
+        "--max-output-tokens", type=click.IntRange(min=1), default=None, help="Default: each row's own."
+    ),
+    click.option(
+        "--validation-limit", type=click.IntRange(min=1), default=None, help="Validation rows per env."
+    ),
+    click.option(
+        "--config", "configs", multiple=True, help="Extra config file merged into the stack (repeatable)."
+    ),
+    click.option(
+        "--concurrency",
+        type=click.IntRange(min=1),
+        default=64,
+        show_default=True,
+        help="Rollouts in flight at once, shared out between the environments of a step.",
+    ),
+    click.option(
+        "--threads", type=click.IntRange(min=1), default=None, help="Torch threads (default: all cores)."
+    ),
+    click.option(
+        "--train-layers", type=click.IntRange(min=1), default=None, help="Train only the top N blocks."
+    ),
+)
+
+
+def policy_options(command: Any) -> Any:
+    """The spec, stack, policy and sampling options of every command that trains (`gym train run`,
+    `gym train compare-mixes`): one definition, so the two cannot drift apart."""
+    for option in reversed(_POLICY_OPTIONS):
+        command = option(command)
+    return command
+
+
+def require_training_extra(command: str) -> None:
+    """Exit 2 when the training extra is missing, before any work; torch threads wait passively."""
+    passive_omp_threads()
+    try:
+        import torch  # noqa: F401
+        import trl  # noqa: F401
+    except ImportError:
+        fail(f"{command} needs the training extra: pip install -e '.[train]'", EXIT_USAGE)
+
+
 @train.command("run")
-@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
-@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
-@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for every file.")
-@click.option(
-    "--model", default="smollm2-135m", show_default=True, help="Known model name, GGUF file or HF folder."
-)
+@policy_options
 @click.option("--steps", type=click.IntRange(min=1), default=24, show_default=True, help="Optimizer steps.")
-@click.option(
-    "--learning-rate", "--lr", type=float, default=1e-4, show_default=True, help="Constant learning rate."
-)
-@click.option("--temperature", type=float, default=1.0, show_default=True, help="Sampling temperature.")
-@click.option(
-    "--max-output-tokens", type=click.IntRange(min=1), default=None, help="Default: each row's own."
-)
-@click.option("--validation-limit", type=click.IntRange(min=1), default=None, help="Validation rows per env.")
-@click.option(
-    "--config", "configs", multiple=True, help="Extra config file merged into the stack (repeatable)."
-)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Rollouts in flight at once, shared out between the environments of a step.",
-)
 @click.option("--step-timeout", type=float, default=None, help="Seconds per step before stragglers are cut.")
-@click.option(
-    "--threads", type=click.IntRange(min=1), default=None, help="Torch threads (default: all cores)."
-)
-@click.option("--train-layers", type=click.IntRange(min=1), default=None, help="Train only the top N blocks.")
 @click.option("--save-model", is_flag=True, help="Save the trained weights to OUTPUT/model.")
 @click.option(
     "--gradient-share",
@@ -481,12 +510,7 @@ def run(
     --resume continues from. KEY=VALUE overrides the stack config. Needs `pip install -e
     '.[train]'` (see README "Training").
     """
-    passive_omp_threads()
-    try:
-        import torch  # noqa: F401
-        import trl  # noqa: F401
-    except ImportError:
-        fail("gym train run needs the training extra: pip install -e '.[train]'", EXIT_USAGE)
+    require_training_extra("gym train run")
     check_report_to(report_to)
     from polygym.cli.compare import print_comparison
     from polygym.training.models import ModelLoadError
@@ -545,8 +569,7 @@ def run(
 
 
 @train.command("compare-mixes")
-@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
-@click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
+@policy_options
 @click.option(
     "--arm",
     "arms",
@@ -556,17 +579,7 @@ def run(
     help="A mix to train: its name (a folder of --output) and the environments of SPEC it trains; every "
     "other environment of SPEC is validated, not trained (repeatable, at least two).",
 )
-@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for every file.")
-@click.option(
-    "--model", default="smollm2-135m", show_default=True, help="Known model name, GGUF file or HF folder."
-)
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Steps per arm.")
-@click.option("--learning-rate", "--lr", type=float, default=1e-4, show_default=True)
-@click.option("--temperature", type=float, default=1.0, show_default=True, help="Sampling temperature.")
-@click.option(
-    "--max-output-tokens", type=click.IntRange(min=1), default=None, help="Default: each row's own."
-)
-@click.option("--validation-limit", type=click.IntRange(min=1), default=None, help="Validation rows per env.")
 @click.option(
     "--validate-every",
     type=click.IntRange(min=1),
@@ -574,14 +587,6 @@ def run(
     help="Validate every environment every N steps too (besides step 0 and the end).",
 )
 @click.option("--seed", type=int, default=None, help="Trainer seed of every arm (default: the spec's seed).")
-@click.option(
-    "--config", "configs", multiple=True, help="Extra config file merged into the stack (repeatable)."
-)
-@click.option("--concurrency", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option(
-    "--threads", type=click.IntRange(min=1), default=None, help="Torch threads (default: all cores)."
-)
-@click.option("--train-layers", type=click.IntRange(min=1), default=None, help="Train only the top N blocks.")
 def compare_mixes_command(
     spec_path: Path,
     overrides: tuple[str, ...],
@@ -609,12 +614,7 @@ def compare_mixes_command(
     step 0 with a paired 95% interval, McNemar's exact test on the same prompts, mean output tokens;
     each arm's worst-environment delta), curves.png/curves.jsonl and samples.md.
     """
-    passive_omp_threads()
-    try:
-        import torch  # noqa: F401
-        import trl  # noqa: F401
-    except ImportError:
-        fail("gym train compare-mixes needs the training extra: pip install -e '.[train]'", EXIT_USAGE)
+    require_training_extra("gym train compare-mixes")
     from polygym.training.compare_mixes import CompareSettings, compare_mixes, parse_arm
     from polygym.training.models import ModelLoadError
     from polygym.training.run import RunSettings
