@@ -7,6 +7,9 @@ from the launcher so that a backend module never has to import the launcher that
 
 from __future__ import annotations
 
+import asyncio
+import signal
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +34,49 @@ def stack_client(head_url: str | None, pool_size: int | None) -> ServerClient:
     hidden cap below a collector's ``--concurrency``.
     """
     return ServerClient(head_url, pool_size=NO_POOL_LIMIT if pool_size is None else pool_size)
+
+
+def how_it_ended(returncode: int) -> str:
+    return f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+
+
+def log_tail(path: Path | None) -> str:
+    """The end of a server's log, for the message that reports its death."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:] if path else []
+    except OSError:
+        lines = []
+    body = "\n".join(f"    {line}" for line in lines) or "    (log is empty)"
+    return f"  last lines of {path}:\n{body}"
+
+
+async def first_exit(procs: Mapping[str, asyncio.subprocess.Process]) -> str:
+    """The name of the first of ``procs`` to exit (never returns when there are none)."""
+    waits = {asyncio.ensure_future(p.wait()): name for name, p in procs.items()}
+    if not waits:
+        await asyncio.Event().wait()
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    return waits[next(iter(done))]
+
+
+async def stop_processes(
+    procs: Sequence[asyncio.subprocess.Process],
+    send: Callable[[asyncio.subprocess.Process, signal.Signals], None],
+) -> None:
+    """``send`` SIGTERM to each live process, then SIGKILL to what has not exited by the deadline
+    (``send`` decides what is signalled: the child alone, or the process group it leads)."""
+    alive = [p for p in procs if p.returncode is None]
+    for proc in alive:
+        send(proc, signal.SIGTERM)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(p.wait() for p in alive)), STOP_TIMEOUT_S)
+    except TimeoutError:
+        for proc in alive:
+            if proc.returncode is None:
+                send(proc, signal.SIGKILL)
+        await asyncio.gather(*(p.wait() for p in alive))
 
 
 class LaunchError(RuntimeError):

@@ -46,15 +46,17 @@ from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, PortInUseError, bind_socket
 from polygym.stack import records as stacks
 from polygym.stack.backend import (
-    LOG_TAIL_LINES,
     START_TIMEOUT_S,
-    STOP_TIMEOUT_S,
     Backend,
     LaunchError,
     RunningServer,
     ServerFailure,
+    first_exit,
+    how_it_ended,
+    log_tail,
     spec_to_dict,
     stack_client,
+    stop_processes,
 )
 from polygym.stack.config import ConfigError, ServerSpec, StackConfig
 from polygym.stack.external import EXTERNAL, external_entries
@@ -184,40 +186,19 @@ class SubprocessBackend:
 
     def describe_death(self, name: str, returncode: int, when: str = "") -> str:
         pid = self.procs[name].pid
-        how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+        how = how_it_ended(returncode)
         return f"server '{name}' (pid {pid}) {how}{' ' + when if when else ''}.\n{self.log_tail(name)}"
 
     def log_tail(self, name: str) -> str:
-        path = self.logs.get(name)
-        try:
-            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:] if path else []
-        except OSError:
-            lines = []
-        body = "\n".join(f"    {line}" for line in lines) or "    (log is empty)"
-        return f"  last lines of {path}:\n{body}"
+        return log_tail(self.logs.get(name))
 
     async def wait_failure(self) -> ServerFailure:
-        waits = {asyncio.ensure_future(p.wait()): name for name, p in self.procs.items()}
-        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        name = waits[next(iter(done))]
+        name = await first_exit(self.procs)
         return ServerFailure(name, self.describe_death(name, self.procs[name].returncode or 0))
 
     async def stop(self) -> None:
         """SIGTERM everything we started, then SIGKILL what has not exited by the deadline."""
-        alive = [p for p in self.procs.values() if p.returncode is None]
-        for proc in alive:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in alive)), STOP_TIMEOUT_S)
-        except TimeoutError:
-            for proc in alive:
-                if proc.returncode is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-            await asyncio.gather(*(p.wait() for p in alive))
+        await stop_processes(list(self.procs.values()), _signal_child)
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}
@@ -334,6 +315,12 @@ def make_backend(
     if workers is not None and workers > 1:
         return WorkersBackend(workers, pool_size)
     return InlineBackend(pool_size) if name == "inline" else SubprocessBackend(pool_size)
+
+
+def _signal_child(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    """Signal one child process; one that has exited meanwhile is not an error."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
 
 
 class Stack:

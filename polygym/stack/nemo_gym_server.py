@@ -48,7 +48,16 @@ from urllib.parse import urlsplit
 from polygym.errors import ConfigError
 from polygym.stack import catalog
 from polygym.stack import records as stacks
-from polygym.stack.backend import LOG_TAIL_LINES, STOP_TIMEOUT_S, LaunchError, RunningServer, ServerFailure
+from polygym.stack.backend import (
+    LOG_TAIL_LINES,
+    LaunchError,
+    RunningServer,
+    ServerFailure,
+    first_exit,
+    how_it_ended,
+    log_tail,
+    stop_processes,
+)
 from polygym.stack.config import NEMO_GYM_SETTINGS as STACK_KEYS
 from polygym.stack.config import ServerSpec, StackConfig
 from polygym.stack.env_build import (
@@ -290,46 +299,28 @@ class NemoGymServers:
 
     def describe_death(self, name: str, returncode: int, when: str = "") -> str:
         pid = self.procs[name].pid
-        how = f"killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
-        path = self.logs.get(name)
-        try:
-            lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:] if path else []
-        except OSError:
-            lines = []
-        body = "\n".join(f"    {line}" for line in lines) or "    (log is empty)"
         when = f" {when}" if when else ""
-        return f"NeMo Gym server '{name}' (pid {pid}) {how}{when}.\n  last lines of {path}:\n{body}"
+        return (
+            f"NeMo Gym server '{name}' (pid {pid}) {how_it_ended(returncode)}{when}.\n"
+            f"{log_tail(self.logs.get(name))}"
+        )
 
     async def wait_failure(self) -> ServerFailure:
-        waits = {asyncio.ensure_future(p.wait()): name for name, p in self.procs.items()}
-        if not waits:
-            await asyncio.Event().wait()
-        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        name = waits[next(iter(done))]
+        name = await first_exit(self.procs)
         return ServerFailure(name, self.describe_death(name, self.procs[name].returncode or 0))
 
     async def stop(self) -> None:
         """SIGTERM each server's process group, SIGKILL what is left after the deadline."""
-        alive = [p for p in self.procs.values() if p.returncode is None]
-        for proc in alive:
-            _signal_group(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in alive)), STOP_TIMEOUT_S)
-        except TimeoutError:
-            for proc in alive:
-                _signal_group(proc.pid, signal.SIGKILL)
-            await asyncio.gather(*(p.wait() for p in alive))
+        await stop_processes(list(self.procs.values()), _signal_group)
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
+def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
     """Signal the process group the child leads (it was started in a session of its own)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
+        os.killpg(proc.pid, sig)
 
 
 async def _accepts(host: str, port: int) -> bool:
