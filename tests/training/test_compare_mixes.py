@@ -26,7 +26,7 @@ from tests.conftest import ROOT
 ENVS = ("mcqa", "keyword_constraints", "example_single_tool_call")
 
 
-def test_compare_mixes_trains_each_arm_from_the_same_weights_and_validates_every_env(tmp_path: Path) -> None:
+def _spec(tmp_path: Path) -> Path:
     spec = tmp_path / "blend.yaml"
     spec.write_text(
         "environments:\n"
@@ -38,6 +38,11 @@ def test_compare_mixes_trains_each_arm_from_the_same_weights_and_validates_every
         "prompts_per_step: 2\n"
         "responses_per_prompt: 2\n"
     )
+    return spec
+
+
+def test_compare_mixes_trains_each_arm_from_the_same_weights_and_validates_every_env(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
     out = tmp_path / "compare"
     result = CliRunner().invoke(
         gym,
@@ -79,6 +84,54 @@ def test_compare_mixes_trains_each_arm_from_the_same_weights_and_validates_every
     assert (out / "curves.png").stat().st_size > 0
     assert "| M+K | keyword_constraints | yes |" in (out / "table.md").read_text()
     assert "## mcqa" in (out / "samples.md").read_text()
+
+
+def test_the_policy_is_loaded_once_and_every_arm_starts_from_its_initial_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A random policy learns nothing in one step, so the run above cannot tell a restored start from
+    an unrestored one: here every arm's training moves the weights for certain, and each arm's start
+    is fingerprinted as its training begins."""
+    import torch
+
+    from polygym.training import compare_mixes, models
+
+    loads: list[str] = []
+    real_load = models.load_policy
+
+    def counting_load(name: str, dtype: object = None) -> tuple[object, object]:
+        loads.append(name)
+        return real_load(name, dtype)
+
+    starts: list[dict[str, torch.Tensor]] = []
+    real_train_run = compare_mixes.train_run
+
+    def fingerprinting_train_run(
+        settings: object, echo: object, policy: tuple[torch.nn.Module, object]
+    ) -> object:
+        model = policy[0]
+        starts.append({name: t.detach().clone() for name, t in model.state_dict().items()})
+        result = real_train_run(settings, echo=echo, policy=policy)  # type: ignore[arg-type]
+        with torch.no_grad():  # what any real training step does: the weights move
+            for parameter in model.parameters():
+                parameter.add_(1.0)
+        return result
+
+    monkeypatch.setattr(models, "load_policy", counting_load)
+    monkeypatch.setattr(compare_mixes, "train_run", fingerprinting_train_run)
+    result = CliRunner().invoke(
+        gym,
+        ["train", "compare-mixes", str(_spec(tmp_path)), "--arm", "M=mcqa", "--arm", "K=keyword_constraints",
+         "--arm", "M+K=mcqa,keyword_constraints", "--output", str(tmp_path / "o"), "--model", "tiny",
+         "--steps", "1", "--validation-limit", "1", "--max-output-tokens", "2", "--train-layers", "1"],
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert loads == ["tiny"]
+    assert len(starts) == 3
+    for later in starts[1:]:
+        assert later.keys() == starts[0].keys()
+        assert all(torch.equal(later[name], starts[0][name]) for name in later)
 
 
 @pytest.mark.parametrize(
