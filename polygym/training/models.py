@@ -109,6 +109,20 @@ def load_policy(name: str, dtype: Any = None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def to_training_device(model: Any) -> Any:
+    """Move ``model`` to the device the trainer will use (the GPU when there is one), before any
+    generation.
+
+    TRL moves the model itself, but only when the trainer is built, after the step-0 validation:
+    that validation would run on the CPU and every later one on the GPU. Greedy replies computed on
+    two devices can differ, so "the same weights, the same prompts" would no longer mean the same
+    replies (compare-mixes checks exactly that across arms), and step 0 would be slower for nothing.
+    """
+    import torch
+
+    return model.to("cuda") if torch.cuda.is_available() else model
+
+
 def train_top_layers(model: Any, count: int) -> int:
     """Freeze everything but the last ``count`` transformer blocks and the final norm; returns the
     number of trainable parameters.

@@ -236,7 +236,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
     a ``(model, tokenizer)`` already loaded (trained in place) instead of ``settings.model``'s."""
     import torch
 
-    from polygym.training.models import load_policy, train_top_layers
+    from polygym.training.models import load_policy, to_training_device, train_top_layers
     from polygym.training.policy_serving import serve_policy
     from polygym.training.trl_adapter import PolygymGRPO
 
@@ -259,6 +259,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
 
     t = time.perf_counter()
     model, tokenizer = policy if policy is not None else load_policy(settings.model)
+    model = to_training_device(model)
     timings["load_model_s"] = time.perf_counter() - t
     total = sum(p.numel() for p in model.parameters())
     trainable = total if settings.train_layers is None else train_top_layers(model, settings.train_layers)
