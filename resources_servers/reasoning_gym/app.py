@@ -150,6 +150,8 @@ class ReasoningGym(ResourcesServer[ReasoningGymConfig]):
             return self._result(body, answer, 0.0, "timeout", str(exc))
         except ProcessExpired as exc:
             return self._result(body, answer, 0.0, "score_error", f"the scoring worker died: {exc}")
+        if status == "broken_install":  # this server's fault, not the row's: a final 500, not retried
+            raise HTTPError(500, f"{value} (reinstall the [envs] extra)", "environment_broken")
         if status in ("unknown_task", "bad_config"):
             field = "task" if status == "unknown_task" else "task_config"
             raise HTTPError(422, f"{field}: {value}", "validation_error")

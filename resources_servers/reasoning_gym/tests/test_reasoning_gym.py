@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -121,6 +122,35 @@ async def test_malformed_rows_are_422(env, change, field):
         await env.call("env", "/verify", {**row, "response": synthetic_response("<answer>1</answer>")})
     assert err.value.status == 422
     assert field in err.value.detail
+
+
+def test_a_missing_dependency_is_a_broken_install_not_an_unknown_task(monkeypatch):
+    """Seen on a machine without pytz: every arithmetic row was a 422 blaming its task_config."""
+    from resources_servers.reasoning_gym import scoring
+
+    def missing(task: str, config_json: str) -> None:
+        raise ModuleNotFoundError("No module named 'pytz'")
+
+    monkeypatch.setattr(scoring, "_dataset", missing)
+    row = ROWS["example"][0]
+    status, message = scoring.score(row["task"], json.dumps(row["task_config"]), row["entry"], "1")
+    assert status == "broken_install"
+    assert "pytz" in message and row["task"] in message
+
+
+@module_loop
+async def test_a_broken_install_is_a_final_500_naming_the_extra(server, monkeypatch):
+    async def broken(*args: object, **kwargs: object) -> tuple[str, str]:
+        return "broken_install", "task basic_arithmetic cannot be built: No module named 'pytz'"
+
+    monkeypatch.setattr(server.cpu_pool, "run", broken)
+    row = ROWS["example"][0]
+    with pytest.raises(ServerCallError) as err:
+        await in_process_client(server).call(
+            "env", "/verify", {**row, "response": synthetic_response("<answer>1</answer>")}
+        )
+    assert err.value.status == 500
+    assert "pytz" in err.value.detail and "[envs]" in err.value.detail
 
 
 @module_loop
