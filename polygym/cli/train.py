@@ -514,7 +514,7 @@ def run(
     check_report_to(report_to)
     from polygym.cli.compare import print_comparison
     from polygym.training.models import ModelLoadError
-    from polygym.training.run import RunSettings, train_run
+    from polygym.training.run import EnvironmentFailing, RunSettings, train_run
 
     check_off_policy_options(off_policy, max_staleness, is_cap, vllm_server)
     settings = RunSettings(
@@ -555,7 +555,7 @@ def run(
         result = train_run(settings, echo=lambda line: out.print(escape(line)))
     except (BlendSpecError, DatasetError, ConfigError, ModelLoadError, ValueError) as exc:
         fail(str(exc), EXIT_USAGE)
-    except (LaunchError, ServerCallError) as exc:
+    except (LaunchError, ServerCallError, EnvironmentFailing) as exc:
         fail(str(exc), EXIT_FAILURE)
     if result.comparison is not None:
         print_comparison(result.comparison)
@@ -617,7 +617,7 @@ def compare_mixes_command(
     require_training_extra("gym train compare-mixes")
     from polygym.training.compare_mixes import CompareSettings, compare_mixes, parse_arm
     from polygym.training.models import ModelLoadError
-    from polygym.training.run import RunSettings
+    from polygym.training.run import EnvironmentFailing, RunSettings
 
     try:
         parsed = tuple(parse_arm(text) for text in arms)
@@ -648,6 +648,6 @@ def compare_mixes_command(
         )
     except (BlendSpecError, DatasetError, ConfigError, ModelLoadError, ValueError) as exc:
         fail(str(exc), EXIT_USAGE)
-    except (LaunchError, ServerCallError) as exc:
+    except (LaunchError, ServerCallError, EnvironmentFailing) as exc:
         fail(str(exc), EXIT_FAILURE)
     out.print((output / "table.md").read_text())

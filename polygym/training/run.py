@@ -200,6 +200,31 @@ def validate(
     return rewards
 
 
+class EnvironmentFailing(RuntimeError):
+    """An environment none of whose step-0 validation rollouts could be scored.
+
+    Training would go on for hours on nothing from it (its rollouts fail, TRL sees no reward) and
+    its curve would be a line of NaN: seen on a machine where the environment's library missed a
+    dependency. The message names each such environment and its first recorded failure.
+    """
+
+
+def require_scored(rewards: dict[str, list[float]], output: Path, blend: Blend) -> None:
+    """Raise :class:`EnvironmentFailing` when an environment has no scored validation rollout."""
+    dead = [env for env, values in rewards.items() if not values]
+    if not dead:
+        return
+    agents = {env.agent: env.name for env in blend.environments}
+    first: dict[str, str] = {}
+    failures = RunFiles(output).failures
+    for failure in iter_jsonl(failures) if failures.exists() else ():
+        env = agents.get((failure.get("agent_ref") or {}).get("name", ""))
+        if env in dead and env not in first:
+            first[env] = f"{failure.get('error_class')}: {failure.get('error')}"
+    found = (f"{env}: no validation rollout was scored ({first.get(env, 'none recorded')})" for env in dead)
+    raise EnvironmentFailing("; ".join(found) + f"; stopped before training (failures in {failures})")
+
+
 def mean_rewards(rewards: dict[str, list[float]]) -> dict[str, float]:
     return {env: statistics.fmean(values) if values else math.nan for env, values in rewards.items()}
 
@@ -387,6 +412,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
                     settings.validation_limit,
                     settings.max_output_tokens,
                 )
+                require_scored(before_rewards, out / "validation_before.jsonl", validation)
                 append_jsonl(validation_lines(0, before_rewards, validation), curves_path)
                 before = mean_rewards(before_rewards)
                 grpo.log_metrics(validation_metrics(before))

@@ -196,6 +196,32 @@ def test_on_regression_stop_ends_training_after_the_regressed_step(
     assert [c["step"] for c in iter_jsonl(out / "validation.jsonl")] == [0, 1, 2]  # the end: 2 updates
 
 
+def test_an_environment_whose_validation_all_fails_stops_the_run_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen on a machine whose reasoning-gym missed a dependency: every arithmetic /verify failed,
+    and training went on for the whole run with that environment's rewards missing."""
+    from polygym.servers.base import HTTPError
+    from resources_servers.reasoning_gym.app import ReasoningGym
+
+    def broken(*args: Any) -> Any:  # every verify path ends here: each answers 500 as that machine did
+        raise HTTPError(500, "basic_arithmetic cannot be built: No module named 'pytz'", "environment_broken")
+
+    monkeypatch.setattr(ReasoningGym, "_result", broken)  # the inline stack serves it in this process
+    spec = tmp_path / "blend.yaml"
+    spec.write_text("environments:\n  mcqa: {}\n  reasoning_gym: {}\nprompts_per_step: 2\n")
+    out = tmp_path / "run"
+    args = ["train", "run", str(spec), "-o", str(out), "--model", "tiny", "--steps", "2"]
+    args += ["--validation-limit", "2", "--max-output-tokens", "2", "--train-layers", "1"]
+    result = CliRunner().invoke(gym, args, catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    message = " ".join(result.output.split())
+    assert "reasoning_gym: no validation rollout was scored (HTTP 500" in message
+    assert "No module named 'pytz'" in message
+    assert "mcqa: no validation" not in message
+    assert not (out / "train_log.jsonl").exists() or not list(iter_jsonl(out / "train_log.jsonl"))
+
+
 def test_max_masked_share_alarm_warns_records_and_stops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
