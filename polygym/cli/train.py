@@ -367,7 +367,9 @@ def require_training_extra(command: str) -> None:
     multiple=True,
     metavar="ENV=DELTA",
     help="Warn when ENV's mean validation reward falls more than DELTA below its step-0 value, at any "
-    "validation (--validate-every) and at the end (repeatable; summary.json lists them).",
+    "validation (--validate-every) and at the end, judged as gym eval compare judges a regression: the "
+    "95% paired-bootstrap interval of the change over the same prompts lies wholly below -DELTA "
+    "(repeatable; summary.json lists them).",
 )
 @click.option(
     "--on-regression",

@@ -75,6 +75,8 @@ from polygym.training.policy_version import OnStale, StalenessBound
 from polygym.training.trl_adapter import GradientShare
 
 POLICY_NAME = "policy"
+VALIDATION_METRIC = "mean/reward"
+"""What the --max-regression alarm judges (``gym eval compare``'s metric name)."""
 
 
 @dataclass
@@ -230,15 +232,34 @@ def mean_rewards(rewards: dict[str, list[float]]) -> dict[str, float]:
 
 
 def regressions(
-    step: int, before: dict[str, float], now: dict[str, float], limits: dict[str, float]
+    step: int, base: Path, now: Path, limits: dict[str, float], agents: dict[str, str]
 ) -> list[dict[str, Any]]:
-    """Environments whose mean validation reward fell by more than their limit since step 0."""
+    """Environments whose validation reward at ``step`` regressed since step 0, by ``gym eval
+    compare``'s rule: the paired-bootstrap interval of the change over the same prompts lies wholly
+    below ``-limit`` (``base``, ``now``: the two validations' rollout files; ``agents``: environment
+    -> agent, the names those files use). A point drop past the limit whose interval reaches back
+    over it is noise at a validation's size (one flipped answer of 32 moves the mean by 0.03) and
+    raises nothing; an environment none of whose rollouts were scored at ``step`` always does.
+    """
     found = []
     for env, limit in limits.items():
-        drop = before.get(env, math.nan) - now.get(env, math.nan)
-        if math.isfinite(drop) and drop > limit:
-            found.append({"step": step, "env": env, "before": before[env], "now": now[env], "drop": drop})
+        result = compare(base, now, threshold=limit, metrics=(VALIDATION_METRIC,), agents=[agents[env]])
+        for judged in result.candidates[0].environments:
+            if judged.status == "missing":
+                found.append({"step": step, "env": env, "before": None, "now": None, "drop": None})
+            for m in judged.metrics:
+                if m.regression and m.delta is not None:
+                    drop = {"before": m.base, "now": m.new, "drop": -m.delta, "interval": [m.low, m.high]}
+                    found.append({"step": step, "env": env, **drop})
     return found
+
+
+def validation_file(out: Path, step: int, final: bool = False) -> Path:
+    """Where the validation after ``step`` updates is written (the one before any update, those
+    every ``--validate-every`` steps, the one at the end)."""
+    if final:
+        return out / "validation_after.jsonl"
+    return out / "validation_before.jsonl" if step == 0 else out / "validation" / f"step_{step}.jsonl"
 
 
 def validation_lines(step: int, rewards: dict[str, list[float]], blend: Blend) -> list[dict[str, Any]]:
@@ -301,20 +322,21 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
     curves_path = out / "validation.jsonl"
     validated = keep_steps_before(curves_path, start)
     before = {line["env"]: _mean(line) for line in validated if line["step"] == 0}
+    agents = {env.name: env.agent for env in validation.environments}
+
+    def step_regressions(step: int, final: bool = False) -> list[dict[str, Any]]:
+        base, now = validation_file(out, 0), validation_file(out, step, final)
+        return regressions(step, base, now, settings.max_regression, agents) if now.exists() else []
+
+    # a resumed run keeps the alarms of the validations it had already done
     regressed = [
-        found
-        for step, now in validation_means(validated).items()
-        if step > 0
-        for found in regressions(step, before, now, settings.max_regression)
+        found for step in validation_means(validated) if step > 0 for found in step_regressions(step)
     ]
 
-    def check_regressions(step: int, now: dict[str, float]) -> bool:
-        found = regressions(step, before, now, settings.max_regression)
+    def check_regressions(step: int, final: bool = False) -> bool:
+        found = step_regressions(step, final)
         for r in found:
-            echo(
-                f"warning: {r['env']} validation reward fell {r['drop']:.3f} since step 0 "
-                f"({r['before']:.3f} -> {r['now']:.3f}; --max-regression {settings.max_regression[r['env']]})"
-            )
+            echo(f"warning: {describe_regression(r)} (--max-regression {settings.max_regression[r['env']]})")
         regressed.extend(found)
         return bool(found)
 
@@ -326,7 +348,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
             rewards = validate(
                 collector,
                 validation,
-                out / "validation" / f"step_{step.step}.jsonl",
+                validation_file(out, step.step),
                 settings.validation_limit,
                 settings.max_output_tokens,
             )
@@ -334,7 +356,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
             grpo.log_metrics(validation_metrics(mean_rewards(rewards)))
             took = time.perf_counter() - t
             echo(f"validation at step {step.step}: {_rewards(mean_rewards(rewards))} ({took:.0f}s)")
-            if check_regressions(step.step, mean_rewards(rewards)) and settings.on_regression == "stop":
+            if check_regressions(step.step) and settings.on_regression == "stop":
                 trainer.control.should_training_stop = True  # after this step's update
                 echo(f"stopping after step {step.step}: --on-regression stop")
         alarmed = [env for env, s in step.stats.items() if env != ALL_ENVS and s.masked_alarm]
@@ -408,11 +430,11 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
                 before_rewards = validate(
                     collector,
                     validation,
-                    out / "validation_before.jsonl",
+                    validation_file(out, 0),
                     settings.validation_limit,
                     settings.max_output_tokens,
                 )
-                require_scored(before_rewards, out / "validation_before.jsonl", validation)
+                require_scored(before_rewards, validation_file(out, 0), validation)
                 append_jsonl(validation_lines(0, before_rewards, validation), curves_path)
                 before = mean_rewards(before_rewards)
                 grpo.log_metrics(validation_metrics(before))
@@ -441,13 +463,13 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
             after_rewards = validate(
                 collector,
                 validation,
-                out / "validation_after.jsonl",
+                validation_file(out, trainer.state.global_step, final=True),
                 settings.validation_limit,
                 settings.max_output_tokens,
             )
             append_jsonl(validation_lines(trainer.state.global_step, after_rewards, validation), curves_path)
             after = mean_rewards(after_rewards)
-            check_regressions(trainer.state.global_step, after)
+            check_regressions(trainer.state.global_step, final=True)
             if final := validation_metrics(after):
                 trainer.log(final)  # the last record: through report_to too
             write_jsonl(trainer.state.log_history, out / "trainer_log.jsonl")
@@ -456,9 +478,8 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
     if settings.save_model:
         trainer.save_model(str(out / "model"))
 
-    comparison = compare(
-        out / "validation_before_aggregate_metrics.json", out / "validation_after_aggregate_metrics.json"
-    )
+    # the rollouts, not the metrics files: per-prompt rewards give intervals, not point deltas
+    comparison = compare(validation_file(out, 0), validation_file(out, settings.steps, final=True))
     (out / "comparison.json").write_text(json.dumps(comparison.to_dict(), indent=2))
     plot_curves(log_path, out / "curves.png", before, after, title=f"GRPO on {settings.model}")
     lines = list(iter_jsonl(log_path))  # every step of the run, those before a resume too
@@ -575,6 +596,17 @@ def validation_means(lines: Sequence[dict[str, Any]]) -> dict[int, dict[str, flo
     for line in lines:
         out.setdefault(line["step"], {})[line["env"]] = _mean(line)
     return out
+
+
+def describe_regression(found: dict[str, Any]) -> str:
+    """One line for a :func:`regressions` entry."""
+    if found["drop"] is None:
+        return f"{found['env']}: no validation rollout was scored at step {found['step']}"
+    low, high = found["interval"]
+    return (
+        f"{found['env']} validation reward fell {found['drop']:.3f} since step 0 ({found['before']:.3f} -> "
+        f"{found['now']:.3f}, 95% interval of the change [{low:+.3f}, {high:+.3f}])"
+    )
 
 
 def _mean(line: dict[str, Any]) -> float:

@@ -155,9 +155,25 @@ def test_max_regression_flags_are_checked_and_drops_are_found(tmp_path: Path) ->
     if "tensorboard" not in get_available_reporting_integrations():
         missing = CliRunner().invoke(gym, [*base, "--report-to", "tensorboard"])
         assert missing.exit_code == 2 and "--report-to tensorboard: not installed" in missing.output
-        before = {"a": 0.5, "b": 0.5, "c": float("nan")}
-    found = regressions(3, before, {"a": 0.3, "b": 0.45, "c": 0.0}, {"a": 0.1, "b": 0.1, "c": 0.0})
-    assert found == [{"step": 3, "env": "a", "before": 0.5, "now": 0.3, "drop": pytest.approx(0.2)}]
+
+    def validation(path: Path, rewards: dict[str, list[float]]) -> Path:
+        rows = [
+            {"agent_ref": {"type": "responses_api_agents", "name": f"{env}_agent"}, "_ng_task_index": task,
+             "_ng_rollout_index": 0, "responses_create_params": {"input": f"q{task}"}, "reward": value}
+            for env, values in rewards.items()
+            for task, value in enumerate(values)
+        ]  # fmt: skip
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return path
+
+    base = validation(tmp_path / "before.jsonl", {"a": [1.0] * 32, "b": [1.0] * 32, "c": [1.0] * 32})
+    # a: 20 of 32 prompts lost; b: 1 of 32 (a point drop past 0.02, an interval reaching 0); c: not scored
+    now = validation(tmp_path / "step_4.jsonl", {"a": [0.0] * 20 + [1.0] * 12, "b": [0.0] + [1.0] * 31})
+    agents = {env: f"{env}_agent" for env in "abc"}
+    found = regressions(4, base, now, {"a": 0.1, "b": 0.02, "c": 0.1}, agents)
+    assert [(r["env"], r["drop"]) for r in found] == [("a", pytest.approx(0.625)), ("c", None)]
+    low, high = found[0]["interval"]
+    assert low <= -0.625 <= high < -0.1
 
 
 def test_on_regression_stop_ends_training_after_the_regressed_step(
@@ -165,8 +181,10 @@ def test_on_regression_stop_ends_training_after_the_regressed_step(
 ) -> None:
     from polygym.training import run as run_module
 
-    def always(step: int, before: Any, now: Any, limits: Any) -> list[dict[str, Any]]:
-        return [{"step": step, "env": "mcqa", "before": 1.0, "now": 0.0, "drop": 1.0}]
+    def always(step: int, base: Path, now: Path, limits: Any, agents: Any) -> list[dict[str, Any]]:
+        assert base.name == "validation_before.jsonl" and now.exists()  # judged on the rollouts
+        drop = {"before": 1.0, "now": 0.0, "drop": 1.0, "interval": [-1.0, -1.0]}
+        return [{"step": step, "env": "mcqa", **drop}]
 
     monkeypatch.setattr(run_module, "regressions", always)
     spec = tmp_path / "blend.yaml"
