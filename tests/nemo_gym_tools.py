@@ -46,16 +46,27 @@ def tools_python() -> Path:
             os.environ[CACHE_ENV_VAR] = saved
 
 
+def nemo_gym_command(python: Path, *args: str) -> list[str]:
+    """NeMo Gym's ``gym`` command line (its console entry point, ``nemo_gym.cli.main:main``)."""
+    entry = "import sys; from nemo_gym.cli.main import main; sys.argv[0] = 'gym'; sys.exit(main())"
+    return [str(python), "-c", entry, *args]
+
+
+def nemo_gym_env() -> dict[str, str]:
+    """This environment without polygym's settings or import path (polygym's ``resources_servers``
+    on ``PYTHONPATH`` would shadow NeMo Gym's own packages of that name)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMO_GYM", "POLYGYM", "PYTHONPATH"))}
+    return {**env, "WANDB_MODE": "disabled"}
+
+
 def run_nemo_gym(
     python: Path, *args: str, cwd: Path, timeout_s: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """NeMo Gym's ``gym`` command (its console entry point, ``nemo_gym.cli.main:main``) in ``cwd``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEMO_GYM", "POLYGYM"))}
-    entry = "import sys; from nemo_gym.cli.main import main; sys.argv[0] = 'gym'; sys.exit(main())"
+    """NeMo Gym's ``gym`` command in ``cwd``, to its end."""
     return subprocess.run(
-        [str(python), "-c", entry, *args],
+        nemo_gym_command(python, *args),
         cwd=cwd,
-        env={**env, "WANDB_MODE": "disabled"},
+        env=nemo_gym_env(),
         capture_output=True,
         text=True,
         timeout=timeout_s,

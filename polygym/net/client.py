@@ -151,6 +151,37 @@ def error_detail(body: bytes, limit: int = 2000) -> str:
     return body.decode("utf-8", "replace")[:limit]
 
 
+def registry_from_instances(instances: Any) -> list[dict[str, Any]]:
+    """NeMo Gym's ``/server_instances`` as polygym registry entries.
+
+    Each instance names its server ``process_name``, its kind ``server_type`` and its
+    implementation ``name``; one without an address (a process NeMo Gym has not placed) cannot be
+    called and is left out.
+    """
+    entries = []
+    for instance in instances if isinstance(instances, list) else ():
+        url = instance.get("url") if isinstance(instance, dict) else None
+        if not isinstance(url, str) or not instance.get("process_name"):
+            continue
+        entries.append(
+            {
+                "name": instance["process_name"],
+                "kind": instance.get("server_type"),
+                "implementation": instance.get("name"),
+                "url": url,
+                "pid": instance.get("pid"),
+            }
+        )
+    return entries
+
+
+HEAD_REGISTRY_ROUTES: tuple[tuple[str, Callable[[Any], list[dict[str, Any]]]], ...] = (
+    ("/servers", lambda entries: entries),
+    ("/server_instances", registry_from_instances),
+)
+"""Where a head lists its servers, asked in order: polygym's route, then NeMo Gym's."""
+
+
 class ServerClient:
     """Name-resolving JSON client shared by everything in one process."""
 
@@ -189,13 +220,29 @@ class ServerClient:
         self._replicas.set(name, [self._addresses[name]])
 
     async def servers(self) -> list[dict[str, Any]]:
-        """The head server's registry: one dict per running server."""
+        """The head server's registry: one dict per running server (``name``, ``kind``, ``url`` ...).
+
+        A polygym head answers ``GET /servers``. NeMo Gym's head (``ng_run`` / its ``gym env
+        start``) has no such route; it lists its servers at ``GET /server_instances`` under other
+        keys, read through ``registry_from_instances``, so polygym's collector joins NeMo Gym's
+        own stack by its head URL just as it joins a polygym one.
+        """
         if self.head_url is None:
             return [{"name": n, "url": u} for n, u in self._addresses.items()]
-        reply = await self.request_url("GET", f"{self.head_url}/servers", retry=RetryPolicy(attempts=3))
-        if reply.status != 200:
-            raise ServerCallError("head", f"GET /servers returned {reply.status}", reply.status)
-        return reply.json()
+        for route, read in HEAD_REGISTRY_ROUTES:
+            reply = await self.request_url("GET", f"{self.head_url}{route}", retry=RetryPolicy(attempts=3))
+            if reply.status == 404:
+                continue
+            if reply.status != 200:
+                raise ServerCallError("head", f"GET {route} returned {reply.status}", reply.status)
+            return read(reply.json())
+        routes = " or ".join(f"GET {route}" for route, _ in HEAD_REGISTRY_ROUTES)
+        raise ServerCallError(
+            "head",
+            f"{self.head_url} answers neither {routes} (404): it is not the head server of a "
+            "polygym or NeMo Gym stack (check the head URL and port)",
+            404,
+        )
 
     async def resolve(self, name: str, refresh: bool = False) -> str:
         """URL of server ``name``; asks the head server when unknown or when ``refresh``."""

@@ -12,7 +12,10 @@ can reach it, so:
 * **NeMo Gym's head routes are reads too**: ``GET /global_config_dict_yaml`` and
   ``GET /server_instances``. NeMo Gym's ``ServerClient`` fetches the first with a bare GET (no
   header, no secret: it has none to send) to resolve a server name to ``host``/``port``, and
-  ``gym env status`` reads the second. They carry what ``/config`` and ``/servers`` already serve
+  ``gym env status`` reads the second. NeMo Gym 0.7's collector (``gym eval run --no-serve``)
+  reaches an agent only through an environment server that names it, so the first also lists,
+  for every agent, the ``legacy_agent`` relay that NeMo Gym itself generates for an agent without
+  one (``nemo_relays``). They carry what ``/config`` and ``/servers`` already serve
   openly — the config, masked again with ``polygym.redact`` here so a secret that reached the
   head unmasked still never leaves it, plus each registered server's address and pid — so serving
   them without the secret discloses nothing new, and requiring it would break every NeMo Gym
@@ -39,6 +42,7 @@ import contextlib
 import hmac
 import os
 import time
+from collections.abc import Container, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -50,8 +54,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym import redact
+from polygym.protocol import AGENT_KIND
 from polygym.servers.base import HTTPError, JsonEndpoint, error_response, json_response
 from polygym.servers.inbound import InboundGuard
+from polygym.stack.config import ENVIRONMENT_SERVERS, LEGACY_RELAY
 
 REQUIRED_FIELDS = ("name", "kind", "implementation", "url")
 STACK_SECRET_HEADER = "x-polygym-stack-secret"
@@ -138,15 +144,67 @@ def check_secret(request: Request, secret: str | None) -> None:
 
 HEAD_SERVER_KEY = "head_server"
 """NeMo Gym's top-level config key for the head's own address."""
+RELAY_SUFFIX = "_environment_server"
+"""What NeMo Gym 0.7 appends to the name of the relay it generates for an agent."""
+
+
+def relay_name(agent: str, implementation: str, taken: Container[str]) -> str:
+    """The name NeMo Gym 0.7 gives the ``legacy_agent`` relay it generates for ``agent``.
+
+    Its rule, matched so that a command line written for NeMo Gym's own stack
+    (``environment_server_name=...``) names the same relay here: the agent's implementation, else
+    a trailing ``_agent``, is cut from the agent's name (``x_simple_agent`` -> ``x_environment_server``);
+    a name already in the config falls back to the agent's full name, suffixed until it is free.
+    """
+    stem = agent.removesuffix(f"_{implementation}").removesuffix(implementation).rstrip("_")
+    if stem == agent:
+        stem = agent.removesuffix("_agent").rstrip("_")
+    name = f"{stem or implementation}{RELAY_SUFFIX}"
+    if name in taken:
+        name = f"{agent}{RELAY_SUFFIX}"
+    while name in taken:
+        name = f"{name}{RELAY_SUFFIX}"
+    return name
+
+
+def nemo_relays(
+    config: dict[str, Any], entries: Mapping[str, dict[str, Any]], declared: Mapping[str, str]
+) -> dict[str, dict[str, Any]]:
+    """A ``legacy_agent`` environment server per running agent, at the agent's own address.
+
+    NeMo Gym 0.7's collector sends a row's ``/run`` and the final ``/aggregate_metrics`` to the
+    environment server that names the row's agent, never to the agent. Its ``legacy_agent`` relay
+    forwards both unchanged, and a polygym agent answers both itself, so the relay's address is the
+    agent's: no process is added and a rollout takes no extra hop. Relays the config declared
+    (``declared``: relay -> agent, see ``StackConfig.relays``) keep their names; every other agent
+    gets the name NeMo Gym would generate (``relay_name``).
+    """
+    relays: dict[str, dict[str, Any]] = {}
+    named = {agent: relay for relay, agent in declared.items()}
+    for entry in entries.values():
+        if entry["kind"] != AGENT_KIND or slot_of(entry) != entry["name"]:
+            continue
+        agent = entry["name"]
+        name = named.get(agent) or relay_name(agent, entry["implementation"], {*config, *relays})
+        address = urlsplit(str(entry["url"]))
+        relay = {"agent_server": {"type": AGENT_KIND, "name": agent}}
+        relays[name] = {
+            ENVIRONMENT_SERVERS: {LEGACY_RELAY: {**relay, "host": address.hostname, "port": address.port}}
+        }
+    return relays
 
 
 def nemo_config(
-    public_config: dict[str, Any], entries: dict[str, dict[str, Any]], head_url: str
+    public_config: dict[str, Any],
+    entries: dict[str, dict[str, Any]],
+    head_url: str,
+    relays: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The stack's config as NeMo Gym's global config: ``name -> kind -> implementation -> {host, port}``.
 
     polygym binds ports at start (DESIGN §4), so the addresses come from the registry, written
-    where NeMo Gym's ``get_first_server_config_dict`` looks for them.
+    where NeMo Gym's ``get_first_server_config_dict`` looks for them; the agents' environment
+    servers come from ``nemo_relays``.
     """
     config = redact.mask_secrets(public_config)
     for name, entry in entries.items():
@@ -155,6 +213,7 @@ def nemo_config(
             config.setdefault(name, {}).setdefault(entry["kind"], {}).setdefault(entry["implementation"], {})
         )
         server.update(host=address.hostname, port=address.port)
+    config.update(nemo_relays(config, entries, relays or {}))
     head = urlsplit(head_url)
     config[HEAD_SERVER_KEY] = {"host": head.hostname, "port": head.port}
     return config
@@ -177,9 +236,14 @@ def server_instance(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def head_app(
-    registry: Registry, public_config: dict[str, Any], stack_id: str, secret: str | None = None
+    registry: Registry,
+    public_config: dict[str, Any],
+    stack_id: str,
+    secret: str | None = None,
+    relays: Mapping[str, str] | None = None,
 ) -> Starlette:
-    """The head server's ASGI app; ``secret`` admits HTTP registrations (see the module docstring)."""
+    """The head server's ASGI app; ``secret`` admits HTTP registrations (see the module docstring);
+    ``relays`` are the config's ``legacy_agent`` environment servers (relay -> agent)."""
 
     async def liveness(request: Request) -> Response:
         return json_response(
@@ -200,7 +264,7 @@ def head_app(
 
     async def global_config_dict_yaml(request: Request) -> Response:
         """YAML text sent as a JSON string, as NeMo Gym's head does and its client decodes."""
-        config = nemo_config(public_config, registry.entries, str(request.base_url))
+        config = nemo_config(public_config, registry.entries, str(request.base_url), relays)
         return json_response(yaml.safe_dump(config, sort_keys=False))
 
     async def server_instances(request: Request) -> Response:

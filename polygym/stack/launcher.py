@@ -386,7 +386,7 @@ class Stack:
         """Start head then every server; on any failure, stop what started and raise."""
         began = time.perf_counter()
         public_config = self.config.to_dict(mask_secrets=True)
-        head = head_app(self.registry, public_config, self.stack_id, self.secret)
+        head = head_app(self.registry, public_config, self.stack_id, self.secret, self.config.relays)
         self.head = AppServer(head, self._bind_head())
         await self.head.start()
         for entry in self.external:

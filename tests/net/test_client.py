@@ -3,6 +3,7 @@
 import asyncio
 import contextvars
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 from starlette.applications import Starlette
@@ -320,3 +321,62 @@ async def test_the_chain_budget_caps_the_attempts() -> None:
     assert not any(
         k.startswith("x-polygym") for r in upstream.requests for k in r.headers
     )  # not a polygym server
+
+
+def head_with_routes(routes: dict[str, object]) -> Starlette:
+    """A head server answering only ``routes`` (path -> JSON body), 404 elsewhere."""
+
+    def answer(body: object) -> Callable[[Request], Awaitable[JSONResponse]]:
+        async def endpoint(request: Request) -> JSONResponse:
+            return JSONResponse(body)
+
+        return endpoint
+
+    return Starlette(routes=[Route(path, answer(body), methods=["GET"]) for path, body in routes.items()])
+
+
+async def test_names_resolve_through_a_nemo_gym_heads_server_instances() -> None:
+    """NeMo Gym's head has no ``/servers``; its ``/server_instances`` lists the same servers."""
+    instances = [
+        {
+            "process_name": "weather_simple_agent",
+            "server_type": "responses_api_agents",
+            "name": "simple_agent",
+            "host": "127.0.0.1",
+            "port": 7003,
+            "url": "http://127.0.0.1:7003",
+            "pid": 12,
+        },
+        {"process_name": "not_placed", "server_type": "resources_servers", "name": "x", "url": None},
+    ]
+    head = AppServer(head_with_routes({"/server_instances": instances}), bind_socket())
+    await head.start()
+    client = ServerClient(head.url)
+    try:
+        assert await client.servers() == [
+            {
+                "name": "weather_simple_agent",
+                "kind": "responses_api_agents",
+                "implementation": "simple_agent",
+                "url": "http://127.0.0.1:7003",
+                "pid": 12,
+            }
+        ]
+        assert await client.resolve("weather_simple_agent") == "http://127.0.0.1:7003"
+    finally:
+        await client.close()
+        await head.stop()
+
+
+async def test_a_url_that_is_no_head_server_is_named_as_such() -> None:
+    head = AppServer(head_with_routes({}), bind_socket())
+    await head.start()
+    client = ServerClient(head.url)
+    try:
+        with pytest.raises(ServerCallError) as info:
+            await client.servers()
+        message = str(info.value)
+        assert "GET /servers or GET /server_instances" in message and "not the head server" in message
+    finally:
+        await client.close()
+        await head.stop()

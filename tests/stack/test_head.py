@@ -17,6 +17,8 @@ from polygym.stack.head import (
     STACK_SECRET_HEADER,
     Registry,
     head_app,
+    nemo_config,
+    relay_name,
 )
 
 SECRET = "s3cret-for-this-test-only"
@@ -135,3 +137,48 @@ def test_status_names_entries_the_launcher_did_not_start() -> None:
     assert _unexpected(held, launched) == ["policy_model"]
     assert _unexpected([*launched, entry("extra", "http://127.0.0.1:11", 44)], launched) == ["extra"]
     assert _unexpected(launched, launched) == []
+
+
+@pytest.mark.parametrize(
+    ("agent", "implementation", "taken", "relay"),
+    [
+        ("example_multi_step_simple_agent", "simple_agent", set(), "example_multi_step_environment_server"),
+        ("math_agent", "custom", set(), "math_environment_server"),
+        ("solver", "custom", set(), "solver_environment_server"),
+        ("simple_agent", "simple_agent", set(), "simple_agent_environment_server"),
+        ("x_simple_agent", "simple_agent", {"x_environment_server"}, "x_simple_agent_environment_server"),
+    ],
+)
+def test_relays_take_the_name_nemo_gym_would_give_them(
+    agent: str, implementation: str, taken: set[str], relay: str
+) -> None:
+    assert relay_name(agent, implementation, taken) == relay
+
+
+def test_nemo_gyms_config_fronts_every_agent_with_a_relay_at_its_own_address() -> None:
+    """NeMo Gym 0.7's collector reaches an agent only through an environment server naming it."""
+    agents = {
+        "a_simple_agent": {
+            **entry("a_simple_agent", "http://127.0.0.1:7001"),
+            "kind": "responses_api_agents",
+        },
+        "b_simple_agent": {
+            **entry("b_simple_agent", "http://127.0.0.1:7002"),
+            "kind": "responses_api_agents",
+        },
+    }
+    for agent in agents.values():
+        agent["implementation"] = "simple_agent"
+    entries = {"policy_model": entry(), **agents}
+    config = nemo_config({}, entries, "http://127.0.0.1:11000", {"b_front": "b_simple_agent"})
+    assert config["a_environment_server"] == {
+        "environment_servers": {
+            "legacy_agent": {
+                "agent_server": {"type": "responses_api_agents", "name": "a_simple_agent"},
+                "host": "127.0.0.1",
+                "port": 7001,
+            }
+        }
+    }
+    assert config["b_front"]["environment_servers"]["legacy_agent"]["port"] == 7002
+    assert "b_environment_server" not in config and "policy_model_environment_server" not in config
