@@ -36,6 +36,8 @@ SAMPLE_ROWS = 4
 """Validation rows shown per environment in ``samples.md`` (the same rows at every validation)."""
 LAST_INTEGER = re.compile(r"-?\d+")
 HINT = re.compile(r"is too (low|high)")
+EQUATION = re.compile(r"\s*-?\d+\s*[-+]\s*-?\d+\s*=\s*(-?\d+)")
+"""A reply opening ``a op b = c`` (the trained format): ``c``."""
 
 
 def env_of(row: dict[str, Any]) -> str:
@@ -134,16 +136,23 @@ def game_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def arithmetic_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Rewards, and how often the reply's last number is the right answer whatever its format."""
-    right = 0
+    """Rewards, how often the reply's last number is the right answer whatever its format, and how
+    often a reply opening ``a op b = c`` has ``c`` right: accuracy once the policy answers at all,
+    which tells a better format (more answers) from better arithmetic (more right answers)."""
+    right = equations = equations_right = 0
     for row in rows:
         text = "".join(t for role, t in messages(row) if role == "assistant")
         numbers = LAST_INTEGER.findall(text)
         right += bool(numbers) and numbers[-1] == row["entry"]["answer"]
+        if found := EQUATION.match(text):
+            equations += 1
+            equations_right += found.group(1) == row["entry"]["answer"]
     return {
         "reward": mean([row["reward"] for row in rows]),
         "pass@1": mean([float(row["reward"] == 1.0) for row in rows]),
         "last_number_right": right,
+        "opening_equations": equations,
+        "opening_equations_right": equations_right,
         "rows": len(rows),
     }
 
