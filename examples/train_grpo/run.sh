@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The example GRPO run of README "Training": SmolLM2-135M-Instruct on reasoning_gym (easy arithmetic)
-# + guess_number (multi-turn), 24 steps on the CPU, validation before and after, curves.
+# + guess_number (multi-turn), 24 steps on the CPU, validation before, every 8 steps and after, curves,
+# no-skill baselines (baseline.py) and a report with rollout samples (report.py).
 # Usage: bash examples/train_grpo/run.sh [OUTPUT_DIR] [extra gym train run flags...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -16,8 +17,12 @@ shift || true
     --steps 24 \
     --train-layers 6 \
     --learning-rate 1e-4 \
+    --validate-every 8 \
     "$@"
-# the small files, for the record (rollouts stay in $OUT/rollouts)
+# the small files, for the record (rollouts stay in $OUT/rollouts; report.py writes text samples)
 mkdir -p examples/train_grpo/results
-cp "$OUT"/{train_log.jsonl,trainer_log.jsonl,curves.png,comparison.json,summary.json} examples/train_grpo/results/
+cp "$OUT"/{train_log.jsonl,trainer_log.jsonl,validation.jsonl,curves.png,comparison.json,summary.json} \
+    examples/train_grpo/results/
 cp "$OUT"/validation_{before,after}_aggregate_metrics.json examples/train_grpo/results/
+.venv/bin/python examples/train_grpo/baseline.py
+.venv/bin/python examples/train_grpo/report.py "$OUT" > /dev/null

@@ -38,6 +38,7 @@ from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError, StackConfig
 from polygym.stack.session import StackSession, StackTarget
 from polygym.training.off_policy import DEFAULT_IS_CAP
+from polygym.training.policy_serving import RETEMPLATED_MASKED_SHARE
 from polygym.training.policy_version import ON_STALE, OnStale
 from polygym.training.trl_adapter import GRADIENT_SHARES, GradientShare
 
@@ -244,9 +245,18 @@ def parse_max_regressions(values: tuple[str, ...]) -> dict[str, float]:
 
 
 def check_off_policy_options(
-    off_policy: bool, max_staleness: int | None, is_cap: float | None, vllm_server: str | None
+    off_policy: bool,
+    max_staleness: int | None,
+    is_cap: float | None,
+    vllm_server: str | None,
+    vllm_prefix_token_ids: bool,
 ) -> None:
     """Exit 2 naming an option the off-policy and vLLM settings cannot honour together."""
+    if vllm_prefix_token_ids and vllm_server is None:
+        fail(
+            "--vllm-prefix-token-ids needs --vllm-server (polygym's own server always extends ids)",
+            EXIT_USAGE,
+        )
     if off_policy and max_staleness == 0:
         fail(
             "--max-staleness 0 refuses every rollout --off-policy trains (they are 1 step stale)", EXIT_USAGE
@@ -429,7 +439,17 @@ def require_training_extra(command: str) -> None:
     metavar="URL",
     help="Generate with a vLLM server (http://host:8000) fed the trainer's weights by TRL's server mode "
     "(use_vllm=True) before each step, instead of the in-process generation server. Needs a CUDA "
-    "trainer and vllm installed; recipe in examples/train_grpo_vllm/.",
+    "trainer and vllm installed; recipe in examples/train_grpo_vllm/. Multi-turn prompts after the "
+    "first are then rendered from the history's text (counted as retemplated_turns; a drifted rollout "
+    f"is masked; masked-share alarm at {RETEMPLATED_MASKED_SHARE:.0%} unless --max-masked-share says "
+    "otherwise).",
+)
+@click.option(
+    "--vllm-prefix-token-ids",
+    is_flag=True,
+    help="The --vllm-server implements NeMo Gym's required_prefix_token_ids extension (NeMo RL's vLLM "
+    "server does; stock vllm serve and trl vllm-serve do not): multi-turn prompts then extend the exact "
+    "ids generated instead of re-rendering the history. A server without it fails drifted turns (502).",
 )
 @click.option(
     "--dynamic-sampling",
@@ -496,6 +516,7 @@ def run(
     off_policy: bool,
     is_cap: float | None,
     vllm_server: str | None,
+    vllm_prefix_token_ids: bool,
     dynamic_sampling: int | None,
     checkpoint_every: int | None,
     resume: bool,
@@ -518,7 +539,7 @@ def run(
     from polygym.training.models import ModelLoadError
     from polygym.training.run import EnvironmentFailing, RunSettings, train_run
 
-    check_off_policy_options(off_policy, max_staleness, is_cap, vllm_server)
+    check_off_policy_options(off_policy, max_staleness, is_cap, vllm_server, vllm_prefix_token_ids)
     settings = RunSettings(
         spec_path=spec_path,
         output_dir=output,
@@ -547,6 +568,7 @@ def run(
         off_policy=off_policy,
         is_cap=DEFAULT_IS_CAP if is_cap is None else is_cap,
         vllm_server=vllm_server,
+        vllm_prefix_token_ids=vllm_prefix_token_ids,
         dynamic_sampling=dynamic_sampling,
         checkpoint_every=checkpoint_every,
         resume=resume,

@@ -13,6 +13,15 @@ settings it needs):
   environments reach it through ``vllm_model``. The server must run with TRL's weight-transfer
   engine (``trl vllm-serve``, or ``vllm serve --weight-transfer-config '{"backend": "nccl"}'`` with
   ``VLLM_SERVER_DEV_MODE=1``; recipe in ``examples/train_grpo_vllm/``).
+
+Token-in/token-out multi-turn (``continuation``) needs the server to extend the ids it is sent as
+``required_prefix_token_ids``. polygym's generation server does; stock ``vllm serve`` and
+``trl vllm-serve`` do not, and ``vllm_model`` answers a turn whose prompt does not start with the ids
+it sent with a 502 rather than let a re-rendered history pass as exact. So with a vLLM server the
+ids are supplied only when the caller says the server implements the extension (NeMo RL's vLLM
+server does); otherwise later turns are rendered from the history's text, counted as
+``retemplated_turns``, and a rollout whose rendering drifted is masked and counted in
+``masked_share``.
 """
 
 from __future__ import annotations
@@ -30,6 +39,19 @@ from polygym.training.weight_sync import (
     WeightSync,
     trl_server_settings,
 )
+
+RETEMPLATED_MASKED_SHARE = 0.1
+"""The masked-share alarm when later turns are rendered from text (a vLLM server without the prefix
+extension) and no ``max_masked_share`` was given: drift there masks rollouts, and a silent bias is
+what the alarm exists for."""
+
+
+def masked_share_bound(max_masked_share: float | None, prefix_token_ids: bool) -> float | None:
+    """The masked-share alarm of a run: the one asked for, else ``RETEMPLATED_MASKED_SHARE`` when the
+    server cannot extend exact ids (every later turn is re-rendered and may drift), else none."""
+    if max_masked_share is None and not prefix_token_ids:
+        return RETEMPLATED_MASKED_SHARE
+    return max_masked_share
 
 
 def vllm_trainer_problem() -> str | None:
@@ -54,6 +76,9 @@ class PolicyServing:
     generator: Any = None
     """The in-process ``HFGenerator`` (its stats go to ``summary.json``); None with a vLLM server."""
     trainer_settings: dict[str, Any] = field(default_factory=dict)
+    prefix_token_ids: bool = True
+    """Whether the server implements ``required_prefix_token_ids``: ``vllm_model`` supplies the
+    previous turn's ids only then (see the module docstring)."""
 
 
 @contextlib.contextmanager
@@ -63,12 +88,15 @@ def serve_policy(
     model_name: str,
     off_policy: bool = False,
     vllm_server: str | None = None,
+    vllm_prefix_token_ids: bool = False,
 ) -> Iterator[PolicyServing]:
     """Serve ``model`` as the module docstring says, for the duration of the block (the off-policy
-    mode always corrects with its own importance ratios, so TRL's is turned off then)."""
+    mode always corrects with its own importance ratios, so TRL's is turned off then).
+    ``vllm_prefix_token_ids``: the vLLM server implements ``required_prefix_token_ids``."""
     if vllm_server is not None:
         root = vllm_server.rstrip("/").removesuffix("/v1")
-        yield PolicyServing(f"{root}/v1", TRLServerWeights(), None, trl_server_settings(root, off_policy))
+        settings = trl_server_settings(root, off_policy)
+        yield PolicyServing(f"{root}/v1", TRLServerWeights(), None, settings, vllm_prefix_token_ids)
         return
     from polygym.training.generation_server import GenerationServerThread, HFGenerator
 

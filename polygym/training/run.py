@@ -8,7 +8,8 @@ What one run does, in order (every file lands in ``--output DIR``):
 2. Starts the blend's environments and agents in this process, with ``vllm_model`` pointed at that
    server and token capture on: every rollout is sampled from the current weights (on-policy), and
    multi-turn prompts extend the exact ids already generated (``supply_prefix_token_ids``,
-   ``continuation``). ``--max-masked-share`` warns (``--on-masked stop``: stops) when a step masks
+   ``continuation``; with ``--vllm-server`` only given ``--vllm-prefix-token-ids``, see
+   ``policy_serving``). ``--max-masked-share`` warns (``--on-masked stop``: stops) when a step masks
    more of an environment's rollouts than that.
 3. Validates every environment on its validation rows (greedy, one response per row, the same rows
    each time: each environment's first ``--validation-limit``), written as a ``gym eval run``
@@ -127,6 +128,9 @@ class RunSettings:
     vllm_server: str | None = None
     """A vLLM server (``http://host:8000``) serving the policy, fed the trainer's weights by TRL's
     server mode (``use_vllm=True``); None: the in-process generation server."""
+    vllm_prefix_token_ids: bool = False
+    """``vllm_server`` implements ``required_prefix_token_ids`` (NeMo RL's vLLM server; stock
+    ``vllm serve`` does not): multi-turn prompts then extend the exact ids (``policy_serving``)."""
     dynamic_sampling: int | None = None
     """Extra prompts each environment may draw per step to replace groups without reward variance
     (``blend.dynamic_sampling``); None: off."""
@@ -155,16 +159,23 @@ class RunResult:
 
 
 def stack_config(
-    spec: BlendSpec, generation_url: str, configs: Sequence[str], overrides: Sequence[str]
+    spec: BlendSpec,
+    generation_url: str,
+    configs: Sequence[str],
+    overrides: Sequence[str],
+    supply_prefix_token_ids: bool = True,
 ) -> StackConfig:
-    """The blend's environments + ``vllm_model`` in front of the generation server."""
+    """The blend's environments + ``vllm_model`` in front of the generation server, with token
+    capture on; ``supply_prefix_token_ids`` only for a server implementing that extension
+    (``policy_serving``: a server without it would fail every drifted later turn with a 502)."""
     paths = selector_paths(environments_to_serve(spec), ["vllm_model"], list(configs))
     base = [
         f"policy_base_url={generation_url}",
         "policy_api_key=",
         f"policy_model_name={POLICY_NAME}",
         "policy_model.responses_api_models.vllm_model.return_token_ids=true",
-        "policy_model.responses_api_models.vllm_model.supply_prefix_token_ids=true",
+        "policy_model.responses_api_models.vllm_model.supply_prefix_token_ids="
+        + str(supply_prefix_token_ids).lower(),
     ]
     return load_config(paths, [*base, *overrides])
 
@@ -283,7 +294,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
     import torch
 
     from polygym.training.models import load_policy, to_training_device, train_top_layers
-    from polygym.training.policy_serving import serve_policy
+    from polygym.training.policy_serving import masked_share_bound, serve_policy
     from polygym.training.trl_adapter import PolygymGRPO
 
     began = time.perf_counter()
@@ -363,7 +374,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
         for env in alarmed:
             echo(
                 f"warning: step {step.step}: {step.stats[env].masked_share:.0%} of {env}'s rollouts "
-                f"masked (--max-masked-share {settings.max_masked_share})"
+                f"masked (--max-masked-share {masked_bound})"
             )
         if alarmed and settings.on_masked == "stop":
             trainer.control.should_training_stop = True
@@ -398,9 +409,24 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
     if settings.max_output_tokens is not None:
         sampling["max_output_tokens"] = settings.max_output_tokens
     bound = settings.max_staleness if settings.max_staleness is not None or not settings.off_policy else 1
-    with serve_policy(model, tokenizer, POLICY_NAME, settings.off_policy, settings.vllm_server) as served:
+    serving = serve_policy(
+        model,
+        tokenizer,
+        POLICY_NAME,
+        settings.off_policy,
+        settings.vllm_server,
+        settings.vllm_prefix_token_ids,
+    )
+    with serving as served:
         generator = served.generator
-        config = stack_config(spec, served.url, settings.configs, settings.overrides)
+        config = stack_config(spec, served.url, settings.configs, settings.overrides, served.prefix_token_ids)
+        masked_bound = masked_share_bound(settings.max_masked_share, served.prefix_token_ids)
+        if not served.prefix_token_ids:
+            echo(
+                f"{settings.vllm_server}: no required_prefix_token_ids (--vllm-prefix-token-ids not "
+                "given), so multi-turn prompts after the first are rendered from text: counted as "
+                f"retemplated_turns, drifted rollouts masked; masked-share alarm at {masked_bound:.0%}"
+            )
         collector = TokenCollector(
             blend,
             out / "rollouts" / "train.jsonl",
@@ -409,7 +435,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
             sampling=sampling,
             step_timeout_s=settings.step_timeout_s,
             overwrite=True,
-            max_masked_share=settings.max_masked_share,
+            max_masked_share=masked_bound,
             staleness=StalenessBound(bound, settings.on_stale, served.weight_sync.published),
             dynamic_sampling=(
                 DynamicSampling(settings.dynamic_sampling) if settings.dynamic_sampling is not None else None
@@ -503,6 +529,8 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
         else {"vllm_server": settings.vllm_server},
         "staleness_bound": {"max_staleness": bound, "on_stale": settings.on_stale},
         **run_totals(lines),
+        "prefix_token_ids": served.prefix_token_ids,
+        "max_masked_share": masked_bound,
         "masked_share": masked_shares(lines),
         "masked_alarms": [
             {"step": line["step"], "env": line["env"]}

@@ -55,6 +55,7 @@ def test_off_policy_run_records_staleness_and_importance_ratios(tmp_path: Path) 
         (["--is-cap", "2"], "--is-cap needs --off-policy"),
         (["--vllm-server", "gpu-0:8000"], "--vllm-server 'gpu-0:8000' must be an http"),
         (["--vllm-server", "http://127.0.0.1:9"], "--vllm-server needs vllm installed"),
+        (["--vllm-prefix-token-ids"], "--vllm-prefix-token-ids needs --vllm-server"),
     ],
 )
 def test_options_that_cannot_be_honoured_exit_2(tmp_path: Path, flags: list[str], message: str) -> None:

@@ -11,6 +11,7 @@ do, so the history no longer matches what was generated: the contiguity check mu
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -220,3 +221,55 @@ def test_retokenization_drift_is_flagged_per_environment(
     assert step.stats["guess_number"].non_contiguous == step.stats["guess_number"].masked == 4
     assert step.stats["mcqa"].masked == 0 and step.stats[ALL_ENVS].masked == 4
     assert step.metrics()["polygym/guess_number/masked"] == 4.0
+
+
+@pytest.mark.parametrize("claims_extension", [False, True])
+def test_a_vllm_server_gets_prefix_ids_only_when_said_to_implement_them(
+    tmp_path: Path, game_rows: Path, claims_extension: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`gym train run --vllm-server` in front of stock vLLM (the drifting fake: no
+    required_prefix_token_ids): by default later turns are rendered from text, counted, the drifted
+    games masked and the alarm rung; told the server has the extension (it has not), every drifted
+    turn is refused with a 502, which is what supplying the ids unconditionally did to every run."""
+    from polygym.training.policy_serving import RETEMPLATED_MASKED_SHARE, masked_share_bound, serve_policy
+    from polygym.training.run import POLICY_NAME, stack_config
+
+    spec = blend(tmp_path, game_rows)
+    with FakeVLLM(drift=True) as upstream:
+        root = upstream.url.removesuffix("/v1")
+        with serve_policy(
+            None, None, POLICY_NAME, vllm_server=root, vllm_prefix_token_ids=claims_extension
+        ) as served:
+            assert served.url == upstream.url and served.prefix_token_ids is claims_extension
+            config = stack_config(spec, served.url, (), (), served.prefix_token_ids)
+            bound = masked_share_bound(None, served.prefix_token_ids)
+            with (
+                caplog.at_level(logging.WARNING, logger="polygym.training"),
+                TokenCollector(
+                    spec, tmp_path / "r.jsonl", stack_config=config, max_masked_share=bound
+                ) as collector,
+            ):
+                step = collector.step()
+    games = step.stats["guess_number"]
+    later_turns = [r for r in upstream.requests if any(m["role"] == "assistant" for m in r["messages"])]
+    assert later_turns
+    if claims_extension:
+        assert bound is None
+        assert all(r["required_prefix_token_ids"] for r in later_turns)
+        assert games.failures == 4 and games.completed == 0
+        return
+    assert bound == RETEMPLATED_MASKED_SHARE
+    assert all("required_prefix_token_ids" not in r for r in later_turns)
+    assert games.failures == 0 and games.completed == 4 and games.reward_mean == 1.0
+    assert games.retemplated_turns == 4 and games.masked == 4 and games.masked_alarm == 1
+    assert "guess_number has 4 of 4 rollouts masked" in caplog.text
+    assert step.stats["mcqa"].masked == 0 and step.stats["mcqa"].masked_alarm == 0
+
+
+def test_the_masked_share_alarm_defaults_on_only_for_re_rendered_turns() -> None:
+    from polygym.training.policy_serving import RETEMPLATED_MASKED_SHARE, masked_share_bound
+
+    assert masked_share_bound(None, prefix_token_ids=True) is None
+    assert masked_share_bound(None, prefix_token_ids=False) == RETEMPLATED_MASKED_SHARE
+    assert masked_share_bound(0.5, prefix_token_ids=False) == 0.5
+    assert masked_share_bound(0.0, prefix_token_ids=True) == 0.0
