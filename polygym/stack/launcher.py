@@ -303,7 +303,7 @@ def make_backend(
             from polygym.stack.ray_backend import RayBackend
         except ImportError as exc:
             raise ConfigError([f"--backend ray needs Ray: pip install 'polygym[ray]' ({exc})"]) from exc
-        return RayBackend(pool_size, ray_address or config.globals.get("ray_address"), replicas)
+        return RayBackend(pool_size, ray_address, replicas, config_address=config.globals.get("ray_address"))
     if ray_address:
         raise ConfigError([f"--ray-address needs --backend ray, not {name}"])
     for spec in config.servers.values():

@@ -22,21 +22,28 @@ is reported through ``wait_failure`` like a dead process of the subprocess backe
 The cluster: ``ray_address`` (``--ray-address``, ``RAY_ADDRESS``, config ``ray_address``) joins an
 existing one; without it a local cluster is started on this machine and shut down with the stack.
 Every node must have polygym and the servers' packages installed (on KubeRay: in the image). A
-local cluster listens on 127.0.0.1 only.
+local cluster, and one joined at a loopback address, stays on 127.0.0.1 (``connect_cluster``), and
+each replica listens on the address its node has in the cluster. An address where nothing answers
+is refused within ``CONNECT_TIMEOUT_S``, naming where it came from: Ray itself would retry for
+many minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
+import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray._private import ray_constants
 from ray.exceptions import RayActorError
 
 from polygym.net.listen import AppServer, bind_socket
@@ -52,12 +59,93 @@ from polygym.stack.backend import (
     spec_to_dict,
     stack_client,
 )
-from polygym.stack.config import ServerSpec
+from polygym.stack.config import ConfigError, ServerSpec
 from polygym.stack.head import Registry, slot_of
 from polygym.stack.loader import build_server
 from polygym.stack.placement import placement_of
 
 RESTART_POLL_S = 0.2
+CONNECT_TIMEOUT_S = 10.0
+"""How long a cluster address may take to accept a connection before it is refused."""
+LOOPBACK = "127.0.0.1"
+JOIN_ANY = ("auto", "local")
+"""Ray's own address words (find the cluster on this machine; start one): nothing to check."""
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether ``address`` (``host:port``, perhaps ``ray://``) is on this machine's loopback;
+    None, a cluster of our own, is."""
+    if address is None:
+        return True
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@contextlib.contextmanager
+def _loopback_kept() -> Iterator[None]:
+    """Keep Ray on loopback while this process starts or joins a loopback cluster.
+
+    Ray turns a loopback address (the node's, the cluster's) into this machine's network address
+    before using it (``services.resolve_ip_for_localhost``), unless multi-host clusters are off:
+    ``ray.init(_node_ip_address="127.0.0.1")`` alone still listens on the network, and joining a
+    cluster that listens on 127.0.0.1 dials the network address and hangs. The switch is Ray's
+    constant (read when Ray was imported, hence set here too) and its environment variable (which
+    the processes Ray starts now inherit); both are restored after.
+    """
+    env = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    saved_env, saved_flag = os.environ.get(env), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[env] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = saved_env
+
+
+def check_reachable(address: str, source: str) -> None:
+    """A ConfigError naming ``source`` when nothing accepts a connection at ``address`` in time."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError([f"{source} {address!r}: expected HOST:PORT of a Ray cluster"])
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            [f"{source} {address}: no Ray cluster answers there within {CONNECT_TIMEOUT_S:g}s ({reason})"]
+        ) from None
+
+
+def connect_cluster(address: str | None) -> bool:
+    """Join the cluster at ``address``, or start a local one when None; True when started here."""
+    with contextlib.ExitStack() as stack:
+        if is_loopback(address):
+            stack.enter_context(_loopback_kept())
+        if address:
+            ray.init(address=address, log_to_driver=False)
+            return False
+        # "local": a new cluster, even where one runs already (None would join that one).
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK)
+        return True
+
+
+def node_address() -> str:
+    """The address this actor's node has in the cluster (what the other nodes reach it at).
+
+    Not ``ray.util.get_node_ip_address()``: in a worker process that guesses from the default
+    route, which is the network address even on a node of a loopback cluster.
+    """
+    node_id = ray.get_runtime_context().get_node_id()
+    return str(next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id))
 
 
 class ReplicaHost:
@@ -74,7 +162,7 @@ class ReplicaHost:
         self._client = stack_client(payload["head_url"], payload.get("pool_size"))
         server = build_server(spec, self._client)
         self._client.add_local(spec.name, server.app, server.dispatch)
-        host = payload.get("bind_host") or ray.util.get_node_ip_address()
+        host = payload.get("bind_host") or node_address()
         self._server = AppServer(server.app, bind_socket(host, 0))
         await self._server.start()
         logging.getLogger("polygym.stack.ray").info(
@@ -109,6 +197,18 @@ def _log_to(path: Path) -> None:
     root.setLevel(logging.INFO)
 
 
+def cluster_address(option: str | None, config: str | None) -> tuple[str | None, str]:
+    """The cluster to join and where it was given: the option, else the config, else ``RAY_ADDRESS``."""
+    for address, source in (
+        (option, "--ray-address"),
+        (config, "ray_address (config)"),
+        (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS"),
+    ):
+        if address:
+            return address, source
+    return None, ""
+
+
 @dataclass
 class Replica:
     spec: ServerSpec
@@ -135,10 +235,14 @@ class RayBackend:
         ray_address: str | None = None,
         replicas: dict[str, int] | None = None,
         bind_host: str | None = None,
+        config_address: str | None = None,
     ) -> None:
-        """``bind_host``: the address replicas listen on; None: their node's address."""
+        """``ray_address``: ``--ray-address``, before the config's ``config_address`` and
+        ``RAY_ADDRESS``; ``bind_host``: the address replicas listen on (None: their node's)."""
         self.pool_size = pool_size
-        self.ray_address = ray_address or os.environ.get("RAY_ADDRESS") or None
+        self.ray_address, source = cluster_address(ray_address, config_address)
+        if self.ray_address and self.ray_address not in JOIN_ANY and not ray.is_initialized():
+            check_reachable(self.ray_address, source)
         self.replica_overrides = replicas or {}
         self.bind_host = bind_host
         self.replicas: list[Replica] = []
@@ -148,14 +252,8 @@ class RayBackend:
         self._registry: Registry | None = None
 
     def _connect(self) -> None:
-        if ray.is_initialized():
-            return
-        if self.ray_address:
-            ray.init(address=self.ray_address, log_to_driver=False)
-        else:
-            # A cluster of our own stays on loopback, like every other stack this machine starts.
-            ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-            self._started_ray = True
+        if not ray.is_initialized():
+            self._started_ray = connect_cluster(self.ray_address)
 
     async def start(
         self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str, secret: str

@@ -7,13 +7,16 @@ and checks that no replica process is left.
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
+import ipaddress
 import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
+import psutil
 import pytest
 
 from polygym.net.client import ServerCallError, ServerClient
@@ -21,12 +24,10 @@ from polygym.stack.launcher import Stack
 from tests.conftest import gone, gym_command, wait_until
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
 
-# Ray turns a loopback cluster address into this machine's interface address when a driver joins
-# ("localhost isn't resolved to the loopback ip") unless multi-host clusters are off; the flag
-# must be set before Ray is imported, and the `gym` children of these tests inherit it.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
+
+from polygym.stack.ray_backend import connect_cluster  # noqa: E402
 
 NODES = 3
 MULTI = "example_multi_step"
@@ -34,12 +35,12 @@ MULTI = "example_multi_step"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    loopback = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
+    loopback: dict[str, Any] = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
     sim = Cluster(initialize_head=True, head_node_args={**loopback, "include_dashboard": False})
     for _ in range(NODES - 1):
         sim.add_node(**loopback)
     sim.wait_for_nodes()
-    ray.init(address=sim.address, log_to_driver=False)
+    connect_cluster(sim.address)
     yield sim
     ray.shutdown()
     sim.shutdown()
@@ -186,6 +187,24 @@ def test_placement_that_cannot_be_honoured_exits_2(args: tuple[str, ...], tmp_pa
     assert ("replicas" in run.stderr) or ("ray" in run.stderr)
 
 
+@pytest.mark.parametrize("command", ["env start", "eval run"])
+def test_an_unreachable_cluster_address_exits_2_naming_it(command: str, tmp_path: Any) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(orjson.dumps(example_rows(MULTI)[0]) + b"\n")
+    io = ("--input", str(rows), "--output", str(tmp_path / "o.jsonl"))
+    args = [*command.split(), *SELECTORS, "--backend", "ray", "--ray-address", "127.0.0.1:1"]
+    began = time.monotonic()
+    run = subprocess.run(
+        gym_command(*args, *(io if command == "eval run" else ())),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--ray-address 127.0.0.1:1: no Ray cluster answers there" in " ".join(run.stderr.split())
+    assert time.monotonic() - began < 30
+
+
 def test_placement_options_are_refused_when_joining(tmp_path: Any) -> None:
     run = subprocess.run(
         gym_command("eval", "run", "--no-serve", "--replicas", f"{MULTI}=2", "--input", "x", "--output", "y"),
@@ -195,3 +214,29 @@ def test_placement_options_are_refused_when_joining(tmp_path: Any) -> None:
     )
     assert run.returncode == 2
     assert "--replicas only applies to a stack this command starts" in run.stderr
+
+
+def listening_hosts(pid: int) -> set[str]:
+    """The addresses that process ``pid`` and every process under it listen on (TCP)."""
+    hosts: set[str] = set()
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            hosts |= {c.laddr.ip for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return hosts
+
+
+def test_a_local_cluster_and_its_replicas_stay_on_loopback(
+    start_stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing set by the user: Ray's own switch for this stays at its default.
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    stack = start_stack(*SELECTORS, "--backend", "ray", "--replicas", f"{MULTI}=2")
+    servers = stack.record["servers"]
+    assert len(servers) == 6
+    assert {urlsplit(s["url"]).hostname for s in servers} == {"127.0.0.1"}, servers
+    assert {s["node_ip"] for s in servers} == {"127.0.0.1"}
+    hosts = listening_hosts(stack.proc.pid)  # Ray's own processes too
+    ips = [ipaddress.ip_address(host) for host in hosts]
+    assert ips and all((getattr(ip, "ipv4_mapped", None) or ip).is_loopback for ip in ips), hosts
