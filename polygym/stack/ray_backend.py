@@ -16,8 +16,10 @@ A replica that dies is named (server, replica, node, the tail of its log), taken
 registry at once (so no new call goes to it), and restarted by Ray up to ``max_restarts`` times;
 the launcher then starts the server in the restarted actor and registers its new address. The
 rollouts that were on the dead replica fail with the transport's class (``ConnectionReset``,
-``ConnectionRefused``) and are recorded; ``--resume`` runs them again. A replica past its restarts
-is reported through ``wait_failure`` like a dead process of the subprocess backend.
+``ConnectionRefused``) and are recorded; ``--resume`` runs them again. Every death is reported
+through ``wait_death`` (``gym eval run`` names it, and exits 1 when rollouts were lost); one that
+leaves a server with no replica (past its restarts, no other replica serving) also through
+``wait_failure``, like a dead process of the subprocess backend.
 
 The cluster: ``ray_address`` (``--ray-address``, ``RAY_ADDRESS``, config ``ray_address``) joins an
 existing one; without it a local cluster is started on this machine and shut down with the stack.
@@ -247,7 +249,7 @@ class RayBackend:
         self.bind_host = bind_host
         self.replicas: list[Replica] = []
         self._started_ray = False
-        self._failures: asyncio.Queue[ServerFailure] = asyncio.Queue()
+        self._deaths: asyncio.Queue[ServerFailure] = asyncio.Queue()
         self._watchers: list[asyncio.Task[None]] = []
         self._registry: Registry | None = None
 
@@ -310,7 +312,7 @@ class RayBackend:
         self._registry.register(replica.entry)
 
     async def _watch(self, replica: Replica) -> None:
-        """Wait for the replica to die; take it out, restart it within its bound, or report it."""
+        """Wait for the replica to die; take it out, report it, restart it within its bound."""
         while True:
             try:
                 await replica.actor.serving.remote()
@@ -321,9 +323,19 @@ class RayBackend:
             self._registry.remove(slot_of(replica.entry))
             death = self.describe_death(replica)
             logging.getLogger("polygym.stack.ray").warning("%s", death)
-            if replica.restarts >= replica.max_restarts or not await self._restart(replica):
-                await self._failures.put(ServerFailure(replica.spec.name, death))
-                return
+            if replica.restarts < replica.max_restarts:
+                await self._deaths.put(ServerFailure(replica.spec.name, death, down=()))
+                if await self._restart(replica):
+                    continue
+                death = f"{replica.label} did not serve again within {START_TIMEOUT_S:g}s of its restart"
+            await self._deaths.put(ServerFailure(replica.spec.name, death, self._down_without(replica)))
+            return
+
+    def _down_without(self, replica: Replica) -> tuple[str, ...]:
+        """The server of a replica gone for good, unless another of its replicas still serves."""
+        assert self._registry is not None
+        name = replica.spec.name
+        return () if any(e["name"] == name for e in self._registry.entries.values()) else (name,)
 
     async def _restart(self, replica: Replica) -> bool:
         """Start the server again in the actor Ray restarted; False when it does not come back."""
@@ -359,8 +371,14 @@ class RayBackend:
         body = "\n".join(f"    {line}" for line in lines) or "    (log is empty)"
         return f"  last lines of {path}:\n{body}"
 
+    async def wait_death(self) -> ServerFailure:
+        return await self._deaths.get()
+
     async def wait_failure(self) -> ServerFailure:
-        return await self._failures.get()
+        """The first death that leaves a server with no replica (``wait_death`` has them all)."""
+        while not (failure := await self._deaths.get()).servers_down:
+            pass
+        return failure
 
     def pids(self) -> dict[str, int]:
         """Each serving replica's process (by registry slot), for CPU and memory accounting."""
