@@ -11,7 +11,7 @@ import contextlib
 import ipaddress
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,10 +19,13 @@ import orjson
 import psutil
 import pytest
 
+from polygym.collect.rollouts import Limits, Result, collect
 from polygym.net.client import ServerCallError, ServerClient
+from polygym.row import make_job
 from polygym.stack.launcher import Stack
 from tests.conftest import gone, gym_command, wait_until
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
+from tests.stack.test_workers import kill_mid_run_then_resume
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -31,19 +34,25 @@ from polygym.stack.ray_backend import connect_cluster  # noqa: E402
 
 NODES = 3
 MULTI = "example_multi_step"
+LOOPBACK_NODE: dict[str, Any] = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    loopback: dict[str, Any] = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
-    sim = Cluster(initialize_head=True, head_node_args={**loopback, "include_dashboard": False})
+    sim = Cluster(initialize_head=True, head_node_args={**LOOPBACK_NODE, "include_dashboard": False})
     for _ in range(NODES - 1):
-        sim.add_node(**loopback)
-    sim.wait_for_nodes()
+        sim.add_node(**LOOPBACK_NODE)
     connect_cluster(sim.address)
+    every_node_schedulable(sim)
     yield sim
     ray.shutdown()
     sim.shutdown()
+
+
+def every_node_schedulable(sim: Any) -> None:
+    """Wait until the scheduler sees every node's CPUs (alive is not enough for SPREAD to use it)."""
+    sim.wait_for_nodes()
+    assert wait_until(lambda: ray.cluster_resources().get("CPU") == NODES, 60), ray.cluster_resources()
 
 
 def ray_stack(cluster: Any, **kwargs: Any) -> Stack:
@@ -67,6 +76,10 @@ async def wait_for(predicate: Any, timeout_s: float = 60.0) -> bool:
             return True
         await asyncio.sleep(0.1)
     return bool(predicate())
+
+
+async def collected(results: AsyncIterator[Result]) -> list[Result]:
+    return [result async for result in results]
 
 
 def replicas_of(stack: Stack, name: str) -> list[dict[str, Any]]:
@@ -136,6 +149,66 @@ async def test_a_replica_past_its_restarts_is_a_named_failure(cluster: Any) -> N
             await client.close()
     finally:
         await stack.stop()
+
+
+async def active_sessions(client: ServerClient, url: str) -> int:
+    return int((await client.request_url("GET", url + "/")).json()["sessions"]["active"])
+
+
+async def death_of(stack: Stack, text: str) -> bool:
+    """Wait for a death whose message holds ``text`` among those the backend reports."""
+    while text not in (await stack.backend.wait_death()).message:  # type: ignore[attr-defined]
+        pass
+    return True
+
+
+async def test_a_removed_node_fails_only_its_rollouts_and_its_replica_restarts_elsewhere(
+    cluster: Any,
+) -> None:
+    config = two_env_config()
+    config.servers["policy_model"].config["latency_ms"] = 100
+    stack = Stack(
+        config, backend="ray", head_port=0, record=False, ray_address=cluster.address, replicas={MULTI: NODES}
+    )
+    await stack.start()
+    client = ServerClient(stack.head_url)
+    nodes = {node.node_id: node for node in cluster.worker_nodes}
+    try:
+        served = len(stack.servers())
+        target = next(r for r in replicas_of(stack, MULTI) if r["node_id"] in nodes)
+        rows = enumerate(example_rows(MULTI))
+        jobs = [make_job(row, f"{MULTI}_simple_agent", task, i) for task, row in rows for i in range(6)]
+        results = asyncio.ensure_future(collected(collect(jobs, client, Limits(concurrency=len(jobs)))))
+        deadline = time.monotonic() + 30
+        while await active_sessions(client, target["url"]) == 0:  # rollouts in flight on its node
+            assert time.monotonic() < deadline and not results.done()
+            await asyncio.sleep(0.05)
+        cluster.remove_node(nodes[target["node_id"]])
+
+        done = await asyncio.wait_for(results, 120)  # no hang
+        failures = [r.failure for r in done if r.failure is not None]
+        assert failures and len(done) == len(jobs), [r.failure for r in done]
+        assert all(f["error_class"] for f in failures)
+        named = f"server '{MULTI}' replica {target['replica']} on node 127.0.0.1 ({target['node_id'][:12]})"
+        assert await asyncio.wait_for(death_of(stack, named), 60)
+        assert await wait_for(lambda: len(stack.servers()) == served, 90), stack.servers()
+        [again] = [r for r in replicas_of(stack, MULTI) if r["replica"] == target["replica"]]
+        assert again["restarts"] == 1 and again["node_id"] != target["node_id"]
+        assert await solve_all(client) == [1.0] * 10
+    finally:
+        await client.close()
+        await stack.stop()
+        cluster.add_node(**LOOPBACK_NODE)
+        every_node_schedulable(cluster)
+
+
+def test_a_replica_killed_mid_run_is_named_and_resume_finishes_exactly(cluster: Any, tmp_path: Any) -> None:
+    kill_mid_run_then_resume(
+        ["--backend", "ray", "--ray-address", cluster.address, "--replicas", f"{MULTI}=2"],
+        lambda record: next(s["pid"] for s in record["servers"] if s["name"] == MULTI and s["replica"] == 1),
+        f"server '{MULTI}' replica 1 on node 127.0.0.1",
+        tmp_path,
+    )
 
 
 def test_the_seed_flow_runs_unchanged_on_ray(cluster: Any, start_stack: Any, tmp_path: Any) -> None:
