@@ -10,7 +10,8 @@ store; HTTP stays the protocol, and ``ServerClient`` picks a replica per call (`
 
 Placement comes from each server's config (``stack.placement``): ``replicas``, ``num_cpus``,
 ``num_gpus``, custom ``resources`` and ``max_restarts``. Resources-server replicas are spread
-across nodes (``SPREAD``), so one node's loss takes only part of an environment with it.
+across nodes (``SPREAD``), so one node's loss takes only part of an environment with it; the
+replicas of a server with ``num_gpus`` run in a placement group (``stack.ray_gpu_groups``).
 
 A replica that dies is named (server, replica, node, the tail of its log), taken out of the
 registry at once (so no new call goes to it), and restarted by Ray up to ``max_restarts`` times;
@@ -47,9 +48,11 @@ from typing import Any
 import ray
 from ray._private import ray_constants
 from ray.exceptions import RayActorError
+from ray.util.placement_group import PlacementGroup
 
 from polygym.net.listen import AppServer, bind_socket
 from polygym.protocol import RESOURCES_KIND
+from polygym.stack import ray_gpu_groups as gpu_groups
 from polygym.stack import records as stacks
 from polygym.stack.backend import (
     LOG_TAIL_LINES,
@@ -64,7 +67,7 @@ from polygym.stack.backend import (
 from polygym.stack.config import ConfigError, ServerSpec
 from polygym.stack.head import Registry, slot_of
 from polygym.stack.loader import build_server
-from polygym.stack.placement import placement_of
+from polygym.stack.placement import Placement, placement_of
 
 RESTART_POLL_S = 0.2
 CONNECT_TIMEOUT_S = 10.0
@@ -248,6 +251,8 @@ class RayBackend:
         self.replica_overrides = replicas or {}
         self.bind_host = bind_host
         self.replicas: list[Replica] = []
+        self.groups: dict[str, PlacementGroup] = {}
+        """Each GPU server's placement group (``stack.ray_gpu_groups``), by server name."""
         self._started_ray = False
         self._deaths: asyncio.Queue[ServerFailure] = asyncio.Queue()
         self._watchers: list[asyncio.Task[None]] = []
@@ -267,6 +272,7 @@ class RayBackend:
         log_dir = stacks.logs_dir(stack_id)
         for spec in specs:
             placement = placement_of(spec.name, spec.config, self.replica_overrides.get(spec.name))
+            group = await self._group_for(spec.name, placement)
             for index in range(placement.replicas):
                 actor = host_cls.options(
                     num_cpus=placement.num_cpus,
@@ -274,7 +280,7 @@ class RayBackend:
                     resources=placement.resources or None,
                     max_restarts=placement.max_restarts,
                     max_task_retries=0,
-                    scheduling_strategy="SPREAD" if spec.kind == RESOURCES_KIND else "DEFAULT",
+                    **self._where(spec, group, index),
                 ).remote()
                 payload = {
                     "spec": spec_to_dict(spec),
@@ -297,6 +303,20 @@ class RayBackend:
         for replica, place in zip(self.replicas, places, strict=True):
             self._register(replica, place)
         self._watchers = [asyncio.create_task(self._watch(r)) for r in self.replicas]
+
+    async def _group_for(self, name: str, placement: Placement) -> PlacementGroup | None:
+        """The placement group of a GPU server's replicas, reserved now; None for other servers."""
+        if not gpu_groups.needs_group(placement):
+            return None
+        self.groups[name] = await gpu_groups.reserve(name, placement)
+        return self.groups[name]
+
+    @staticmethod
+    def _where(spec: ServerSpec, group: PlacementGroup | None, index: int) -> dict[str, Any]:
+        """Where replica ``index`` runs: its bundle of ``group``; else resources servers spread."""
+        if group is not None:
+            return gpu_groups.in_bundle(group, index)
+        return {"scheduling_strategy": "SPREAD" if spec.kind == RESOURCES_KIND else "DEFAULT"}
 
     def _register(self, replica: Replica, place: dict[str, Any]) -> None:
         assert self._registry is not None
@@ -398,6 +418,8 @@ class RayBackend:
                 with contextlib.suppress(Exception):
                     ray.kill(replica.actor, no_restart=True)
             self.replicas.clear()
+        gpu_groups.release(list(self.groups.values()))
+        self.groups.clear()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False

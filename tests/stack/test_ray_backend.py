@@ -22,6 +22,7 @@ import pytest
 from polygym.collect.rollouts import Limits, Result, collect
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.row import make_job
+from polygym.stack.backend import LaunchError
 from polygym.stack.launcher import Stack
 from tests.conftest import gone, gym_command, wait_until
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
@@ -209,6 +210,48 @@ def test_a_replica_killed_mid_run_is_named_and_resume_finishes_exactly(cluster: 
         f"server '{MULTI}' replica 1 on node 127.0.0.1",
         tmp_path,
     )
+
+
+def gpu_stack(cluster: Any, num_gpus: int) -> Stack:
+    """Both environments, with a policy model that asks for ``num_gpus`` per replica."""
+    config = two_env_config()
+    config.servers["policy_model"].config["num_gpus"] = num_gpus
+    return Stack(config, backend="ray", head_port=0, record=False, ray_address=cluster.address)
+
+
+async def test_a_gpu_model_server_runs_in_a_placement_group_on_the_gpu_node(cluster: Any) -> None:
+    gpu_node = cluster.add_node(num_cpus=0, num_gpus=1, node_ip_address="127.0.0.1")  # logical GPU
+    try:
+        assert wait_until(lambda: ray.cluster_resources().get("GPU") == 1, 60)
+        stack = gpu_stack(cluster, 1)
+        await stack.start()
+        client = ServerClient(stack.head_url)
+        try:
+            [model] = replicas_of(stack, "policy_model")
+            assert model["node_id"] == gpu_node.node_id
+            groups = stack.backend.groups  # type: ignore[attr-defined]
+            assert list(groups) == ["policy_model"]  # servers without GPUs are placed as before
+            group = groups["policy_model"]
+            table = ray.util.placement_group_table(group)
+            assert table["state"] == "CREATED" and table["bundles"] == {0: {"GPU": 1.0}}
+            assert table["bundles_to_node_id"] == {0: gpu_node.node_id}
+            assert await solve_all(client) == [1.0] * 10
+        finally:
+            await client.close()
+            await stack.stop()
+        assert wait_until(lambda: ray.util.placement_group_table(group)["state"] == "REMOVED", 30)
+    finally:
+        cluster.remove_node(gpu_node)
+
+
+async def test_gpus_no_node_has_fail_at_once_naming_the_server(cluster: Any) -> None:
+    began = time.monotonic()
+    with pytest.raises(LaunchError) as failed:
+        await gpu_stack(cluster, 8).start()
+    assert time.monotonic() - began < 30
+    assert "server 'policy_model' asks for 1 replica(s) of {'GPU': 8.0}" in str(failed.value)
+    assert "no node of the Ray cluster has that much (at most: GPU" in str(failed.value)
+    assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
 
 
 def test_the_seed_flow_runs_unchanged_on_ray(cluster: Any, start_stack: Any, tmp_path: Any) -> None:
