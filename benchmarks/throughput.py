@@ -170,7 +170,7 @@ async def measure(
             cell = await run_cell(client, jobs, concurrency, args.max_seconds)
         cpu = cpu_seconds(pids) - cpu_before
         upstream_cpu = cpu_seconds(upstream_pids) - upstream_before
-        if stack is None:
+        if stack is None or client is not stack.client:
             await client.close()
     finally:
         if stack is not None:
