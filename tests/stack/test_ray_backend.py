@@ -51,9 +51,20 @@ def cluster() -> Iterator[Any]:
 
 
 def every_node_schedulable(sim: Any) -> None:
-    """Wait until the scheduler sees every node's CPUs (alive is not enough for SPREAD to use it)."""
+    """Wait until SPREAD reaches every node: alive in the GCS is not enough, the scheduler's view
+    of a new node's resources comes later (until then SPREAD puts everything on the head)."""
     sim.wait_for_nodes()
-    assert wait_until(lambda: ray.cluster_resources().get("CPU") == NODES, 60), ray.cluster_resources()
+
+    def spread_reaches_every_node() -> bool:
+        probes = [node_of.options(scheduling_strategy="SPREAD").remote() for _ in range(NODES)]
+        return len(set(ray.get(probes, timeout=30))) == NODES
+
+    assert wait_until(spread_reaches_every_node, 60, interval_s=0.2), ray.nodes()
+
+
+@ray.remote(num_cpus=0)
+def node_of() -> str:
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def ray_stack(cluster: Any, **kwargs: Any) -> Stack:
