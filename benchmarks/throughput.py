@@ -7,7 +7,10 @@ inside the stack instead. The collector is `polygym.collect.rollouts.collect`, t
 `gym eval run`: `--collector inproc` hosts the stack in this process (what `gym eval run` does by
 default), `--collector http` talks to a separate `gym env start` (what `--no-serve` does).
 `--workers N` runs the stack as N inline copies, one process each (`gym eval run --workers N`);
-`--backend ray` as Ray actors on a local cluster.
+`--backend ray` as Ray actors on a local cluster, or with `--simulate-nodes N` on N Ray nodes
+simulated on this machine (`ray.cluster_utils.Cluster`, loopback), each environment with N
+replicas spread over them (the nodes share this machine's cores: this measures the multi-node
+machinery's cost, not more capacity).
 
 Each cell runs ROLLOUTS rollouts or stops after --max-seconds, whichever is first (a cell at
 concurrency 1 with 200 ms model latency would otherwise take half an hour).
@@ -19,9 +22,11 @@ concurrency 1 with 200 ms model latency would otherwise take half an hour).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,30 @@ def model_calls(rollout: dict[str, Any]) -> int:
     return sum(
         1 for item in rollout["response"]["output"] if item.get("type") in ("function_call", "message")
     )
+
+
+@contextlib.contextmanager
+def simulated_cluster(nodes: int | None) -> Iterator[str | None]:
+    """The address of ``nodes`` Ray nodes started on this machine, all on loopback; None for none."""
+    if not nodes:
+        yield None
+        return
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from polygym.stack.ray_backend import connect_cluster
+
+    node: dict[str, Any] = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    for _ in range(nodes - 1):
+        cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    connect_cluster(cluster.address)
+    try:
+        yield cluster.address
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 def stack_args(via: str, upstream: str | None, latency_ms: float) -> tuple[list[str], list[str]]:
@@ -119,7 +148,16 @@ async def measure(
             rs = [e for e in ENVS]
             model = "openai_model" if args.via == "openai" else "scripted_model"
             config = load_config(selector_paths(rs, [model], []), overrides, env_files=[])
-            stack = Stack(config, backend=args.backend, head_port=0, record=False, workers=args.workers)
+            replicas = dict.fromkeys(ENVS, args.simulate_nodes) if args.simulate_nodes else None
+            stack = Stack(
+                config,
+                backend=args.backend,
+                head_port=0,
+                record=False,
+                workers=args.workers,
+                ray_address=args.ray_address,
+                replicas=replicas,
+            )
             await stack.start()
             client = stack.client or ServerClient(stack.head_url, pool_size=max(64, concurrency))
         pids = [os.getpid(), *[p for e in external for p in e.pids]]
@@ -132,7 +170,7 @@ async def measure(
             cell = await run_cell(client, jobs, concurrency, args.max_seconds)
         cpu = cpu_seconds(pids) - cpu_before
         upstream_cpu = cpu_seconds(upstream_pids) - upstream_before
-        if stack is None:
+        if stack is None or client is not stack.client:
             await client.close()
     finally:
         if stack is not None:
@@ -176,19 +214,26 @@ def main() -> None:
     parser.add_argument("--collector", choices=["inproc", "http"], default="inproc")
     parser.add_argument("--backend", choices=["inline", "subprocess", "ray"], default="inline")
     parser.add_argument("--workers", type=int, default=None, help="copies of the inline stack")
+    parser.add_argument(
+        "--simulate-nodes", type=int, default=None, help="--backend ray on N simulated local nodes"
+    )
     parser.add_argument("--max-seconds", type=float, default=60.0)
     parser.add_argument("--name", default="throughput")
     args = parser.parse_args()
+    if args.simulate_nodes and (args.backend != "ray" or args.collector != "inproc"):
+        parser.error("--simulate-nodes needs --backend ray --collector inproc")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows = []
     title = f"{args.name}: via={args.via} collector={args.collector} backend={args.backend}"
     title += f" workers={args.workers}" if args.workers else ""
-    for latency in parse_list(args.latency_ms):
-        for concurrency in parse_list(args.concurrency):
-            with tempfile.TemporaryDirectory() as tmp:
-                row = run_async(measure(args, int(concurrency), latency, Path(tmp)))
-            rows.append(row)
-            print_table(title, [row])
+    title += f" simulated nodes={args.simulate_nodes}" if args.simulate_nodes else ""
+    with simulated_cluster(args.simulate_nodes) as args.ray_address:
+        for latency in parse_list(args.latency_ms):
+            for concurrency in parse_list(args.concurrency):
+                with tempfile.TemporaryDirectory() as tmp:
+                    row = run_async(measure(args, int(concurrency), latency, Path(tmp)))
+                rows.append(row)
+                print_table(title, [row])
     print_table(title, rows)
     write_json(args.name, {"args": vars(args), "rows": rows})
 

@@ -6,7 +6,7 @@ import asyncio
 import os
 import shlex
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +35,7 @@ from polygym.cli.compare import compare_command
 from polygym.cli.health import health_check_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.placement_options import placement_options, refuse_when_joining, replica_counts
+from polygym.cli.stack_deaths import report_deaths, server_deaths, server_needs
 from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
 from polygym.collect.dataset import DatasetError, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
@@ -52,15 +53,14 @@ from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, MAX
 from polygym.collect.row_overrides import ROW_PARAMS, RowOverrides, split_overrides
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
 from polygym.collect.sampling import sampling_problems
-from polygym.collect.stack_watch import SERVER_DIED, StackHealth
+from polygym.collect.stack_watch import StackHealth
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import AGENT_KIND
 from polygym.redact import redact_argv
 from polygym.row import ALL_ENVS, env_label
 from polygym.stack import records as stacks
 from polygym.stack.backend import LaunchError
-from polygym.stack.config import ConfigError, StackConfig, parse_override
-from polygym.stack.launcher import BACKENDS, Stack, SubprocessBackend
+from polygym.stack.config import ConfigError, parse_override
+from polygym.stack.launcher import BACKENDS
 from polygym.stack.placement import parse_workers
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
@@ -486,41 +486,6 @@ def _load(settings: EvalRunSettings, agents: list[str]) -> JobPlan:
     return plan
 
 
-def server_needs(config: StackConfig) -> dict[str, set[str]]:
-    """Agent -> every server its rollouts go through: its references, followed transitively."""
-    needs: dict[str, set[str]] = {}
-    for agent in config.by_kind(AGENT_KIND):
-        seen = {agent.name}
-        todo = [agent.name]
-        while todo:
-            for _, _, name in config.servers[todo.pop()].references():
-                if name in config.servers and name not in seen:
-                    seen.add(name)
-                    todo.append(name)
-        needs[agent.name] = seen
-    return needs
-
-
-def server_deaths(stack: Stack) -> list[Awaitable[tuple[str, str]]]:
-    """One awaitable per server death the stack can report: each child process of a subprocess
-    stack on its own (so a second death is seen too); an inline stack's first stopped server."""
-    backend = stack.backend
-    if isinstance(backend, SubprocessBackend):
-        return [_exit_of(backend, name, proc) for name, proc in backend.procs.items()]
-    return [_first_failure(stack)]
-
-
-async def _exit_of(
-    backend: SubprocessBackend, name: str, proc: asyncio.subprocess.Process
-) -> tuple[str, str]:
-    return name, backend.describe_death(name, await proc.wait())
-
-
-async def _first_failure(stack: Stack) -> tuple[str, str]:
-    failure = await stack.wait_failure()
-    return failure.name, failure.message
-
-
 async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
     try:
         async with StackSession(target, settings.limits.concurrency) as session:
@@ -565,9 +530,8 @@ async def _collect(
         _print_interrupted(files)
         return EXIT_INTERRUPTED
     _print_summary(files, summary)
-    if health is not None and health.dead:
-        _print_deaths(health, summary)
-        return EXIT_FAILURE
+    if health is not None and (status := report_deaths(health, summary)) is not None:
+        return status
     if summary.health.quarantined:
         _print_quarantined(summary)
         return EXIT_FAILURE
@@ -577,17 +541,6 @@ async def _collect(
         )
         return EXIT_FAILURE
     return 0
-
-
-def _print_deaths(health: StackHealth, summary: RunSummary) -> None:
-    err = console(stderr=True)
-    for name, how in health.dead.items():
-        err.print(f"[red]error:[/] server '{escape(name)}' died during the run:", escape(how))
-    stopped = sorted(agent for agent in health.needs if health.blocker(agent) is not None)
-    err.print(
-        f"{summary.failures_by_class.get(SERVER_DIED, 0)} rollouts of {', '.join(stopped)} were not run "
-        f"({SERVER_DIED} in the failures file); the other environments finished."
-    )
 
 
 def _print_quarantined(summary: RunSummary) -> None:

@@ -9,18 +9,26 @@ recorded at once as a failure of class ``ServerDied`` naming the server (``--res
 restart reruns them), while agents that do not need the dead server go on. The caller exits
 non-zero when ``dead`` is not empty.
 
+A server may also run as replicas (``--workers``, Ray's ``replicas``). The death of one replica
+whose server goes on, in its other replicas or restarted, stops no agent: it is kept in
+``replica_deaths`` for the caller to name, and the rollouts it cut are failures like any other
+(the caller exits non-zero when there were some, so that a lost rollout is never silent).
+
 How deaths are learnt is the caller's business (this layer does not know how servers were
-placed): ``watch`` takes one awaitable per server (or group) that completes with
-``(name, how it died)`` when it dies — a child process's exit, an inline server's task ending.
+placed): ``watch`` takes streams of ``Death`` — a child process's exit, an inline server's task
+ending, each replica death of a replicated backend.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 
 SERVER_DIED = "ServerDied"
 """``error_class`` of a rollout not run (or cut short) because a server it needs died."""
+
+Death = tuple[str, str, tuple[str, ...]]
+"""(what died: a server or a worker, how it died, the servers it left with no live replica)."""
 
 
 class StackHealth:
@@ -31,25 +39,28 @@ class StackHealth:
         self.needs = {agent: set(servers) | {agent} for agent, servers in needs.items()}
         self.dead: dict[str, str] = {}
         """Server name -> how it died (a readable message, with the log tail when there is one)."""
+        self.replica_deaths: list[tuple[str, str]] = []
+        """(what died, how) for each death that left every server serving."""
 
     def server_died(self, name: str, how: str) -> None:
         self.dead.setdefault(name, how)
+
+    def record(self, death: Death) -> None:
+        who, how, down = death
+        if not down:
+            self.replica_deaths.append((who, how))
+        for name in down:
+            self.server_died(name, how)
 
     def blocker(self, agent: str) -> str | None:
         """The dead server that stops ``agent``'s rollouts, or None while all it needs is alive."""
         down = sorted(self.needs.get(agent, {agent}) & self.dead.keys())
         return down[0] if down else None
 
-    async def watch(self, deaths: Iterable[Awaitable[tuple[str, str]]]) -> None:
-        """Record each death as it happens; runs until cancelled or every watched server has died."""
-        pending = {asyncio.ensure_future(death) for death in deaths}
-        try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    name, how = task.result()
-                    self.server_died(name, how)
-        finally:
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+    async def watch(self, streams: Iterable[AsyncIterator[Death]]) -> None:
+        """Record each death as it happens; runs until cancelled or every stream has ended."""
+        await asyncio.gather(*(self._follow(stream) for stream in streams))
+
+    async def _follow(self, stream: AsyncIterator[Death]) -> None:
+        async for death in stream:
+            self.record(death)

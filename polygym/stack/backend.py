@@ -12,7 +12,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from polygym.net.client import ServerClient
 from polygym.stack.config import ServerSpec
@@ -86,7 +86,15 @@ class LaunchError(RuntimeError):
 @dataclass
 class ServerFailure:
     name: str
+    """The server, or the worker, that died."""
     message: str
+    down: tuple[str, ...] | None = None
+    """The servers this death left with no live replica. None: ``name`` alone (a server's one
+    process); empty when every server goes on, in its other replicas or restarted in place."""
+
+    @property
+    def servers_down(self) -> tuple[str, ...]:
+        return (self.name,) if self.down is None else self.down
 
 
 @dataclass
@@ -110,6 +118,15 @@ class Backend(Protocol):
     async def wait_failure(self) -> ServerFailure: ...
 
     async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class ReplicatedBackend(Backend, Protocol):
+    """A backend whose servers run as several replicas (workers, Ray), one of which may die while
+    the others serve on: ``wait_death`` reports every such death, ``wait_failure`` only those
+    that leave a server down."""
+
+    async def wait_death(self) -> ServerFailure: ...
 
 
 def spec_to_dict(spec: ServerSpec) -> dict[str, Any]:

@@ -218,7 +218,8 @@ class WorkersBackend(SubprocessBackend):
     status``, failures recorded per rollout, ``--resume``. A worker that dies is taken out of the
     registry at once (no new rollout goes to it) and reported like a dead server process, named
     with its pid, its servers and its log tail: ``gym env start`` stops the stack; ``gym eval run``
-    lets the other workers go on, records the rollouts that were cut and exits non-zero.
+    lets the other workers go on (``wait_death``), records the rollouts that were cut, and exits
+    non-zero when some were, as with a dead replica on Ray.
     """
 
     name = "workers"
@@ -227,13 +228,16 @@ class WorkersBackend(SubprocessBackend):
         super().__init__(pool_size)
         self.workers = workers
         self._slots: dict[str, list[str]] = {}
+        self._servers: tuple[str, ...] = ()
         self._watchers: list[asyncio.Task[None]] = []
+        self._deaths: asyncio.Queue[ServerFailure] = asyncio.Queue()
 
     async def start(
         self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str, secret: str
     ) -> None:
         """Every worker at once, each registering all the servers as its replica; wait for all."""
         self._secret = secret
+        self._servers = tuple(spec.name for spec in specs)
         log_dir = stacks.logs_dir(stack_id)
         slots: dict[str, str] = {}
         for index in range(self.workers):
@@ -247,10 +251,17 @@ class WorkersBackend(SubprocessBackend):
         ]
 
     async def _unregister_when_dead(self, key: str, registry: Registry) -> None:
-        """Take a dead worker's replicas out of the registry, so that callers stop choosing them."""
-        await self.procs[key].wait()
+        """Take a dead worker's replicas out of the registry, so that callers stop choosing them,
+        and report its death: the servers are down only when no other worker is alive."""
+        returncode = await self.procs[key].wait()
         for slot in self._slots[key]:
             registry.remove(slot)
+        alive = any(proc.returncode is None for proc in self.procs.values())
+        down = () if alive else self._servers
+        await self._deaths.put(ServerFailure(key, self.describe_death(key, returncode), down))
+
+    async def wait_death(self) -> ServerFailure:
+        return await self._deaths.get()
 
     async def restart(self, spec: ServerSpec, registry: Registry, head_url: str, stack_id: str) -> None:
         raise LaunchError(
@@ -303,7 +314,7 @@ def make_backend(
             from polygym.stack.ray_backend import RayBackend
         except ImportError as exc:
             raise ConfigError([f"--backend ray needs Ray: pip install 'polygym[ray]' ({exc})"]) from exc
-        return RayBackend(pool_size, ray_address or config.globals.get("ray_address"), replicas)
+        return RayBackend(pool_size, ray_address, replicas, config_address=config.globals.get("ray_address"))
     if ray_address:
         raise ConfigError([f"--ray-address needs --backend ray, not {name}"])
     for spec in config.servers.values():

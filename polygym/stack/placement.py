@@ -8,7 +8,7 @@ example_multi_step:
     example_multi_step:
       replicas: 4          # copies of the server, one Ray actor each
       num_cpus: 1          # per replica, reserved from the cluster
-      num_gpus: 0
+      num_gpus: 0          # > 0: the replicas run in a Ray placement group
       resources: {}        # custom Ray resources per replica
       max_restarts: 3      # times Ray restarts a replica that died
 ```

@@ -10,37 +10,49 @@ store; HTTP stays the protocol, and ``ServerClient`` picks a replica per call (`
 
 Placement comes from each server's config (``stack.placement``): ``replicas``, ``num_cpus``,
 ``num_gpus``, custom ``resources`` and ``max_restarts``. Resources-server replicas are spread
-across nodes (``SPREAD``), so one node's loss takes only part of an environment with it.
+across nodes (``SPREAD``), so one node's loss takes only part of an environment with it; the
+replicas of a server with ``num_gpus`` run in a placement group (``stack.ray_gpu_groups``).
 
 A replica that dies is named (server, replica, node, the tail of its log), taken out of the
 registry at once (so no new call goes to it), and restarted by Ray up to ``max_restarts`` times;
 the launcher then starts the server in the restarted actor and registers its new address. The
 rollouts that were on the dead replica fail with the transport's class (``ConnectionReset``,
-``ConnectionRefused``) and are recorded; ``--resume`` runs them again. A replica past its restarts
-is reported through ``wait_failure`` like a dead process of the subprocess backend.
+``ConnectionRefused``) and are recorded; ``--resume`` runs them again. Every death is reported
+through ``wait_death`` (``gym eval run`` names it, and exits 1 when rollouts were lost); one that
+leaves a server with no replica (past its restarts, no other replica serving) also through
+``wait_failure``, like a dead process of the subprocess backend.
 
 The cluster: ``ray_address`` (``--ray-address``, ``RAY_ADDRESS``, config ``ray_address``) joins an
 existing one; without it a local cluster is started on this machine and shut down with the stack.
 Every node must have polygym and the servers' packages installed (on KubeRay: in the image). A
-local cluster listens on 127.0.0.1 only.
+local cluster, and one joined at a loopback address, stays on 127.0.0.1 (``connect_cluster``), and
+each replica listens on the address its node has in the cluster. An address where nothing answers
+is refused within ``CONNECT_TIMEOUT_S``, naming where it came from: Ray itself would retry for
+many minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
+import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray._private import ray_constants
 from ray.exceptions import RayActorError
+from ray.util.placement_group import PlacementGroup
 
 from polygym.net.listen import AppServer, bind_socket
 from polygym.protocol import RESOURCES_KIND
+from polygym.stack import ray_gpu_groups as gpu_groups
 from polygym.stack import records as stacks
 from polygym.stack.backend import (
     LOG_TAIL_LINES,
@@ -52,12 +64,93 @@ from polygym.stack.backend import (
     spec_to_dict,
     stack_client,
 )
-from polygym.stack.config import ServerSpec
+from polygym.stack.config import ConfigError, ServerSpec
 from polygym.stack.head import Registry, slot_of
 from polygym.stack.loader import build_server
-from polygym.stack.placement import placement_of
+from polygym.stack.placement import Placement, placement_of
 
 RESTART_POLL_S = 0.2
+CONNECT_TIMEOUT_S = 10.0
+"""How long a cluster address may take to accept a connection before it is refused."""
+LOOPBACK = "127.0.0.1"
+JOIN_ANY = ("auto", "local")
+"""Ray's own address words (find the cluster on this machine; start one): nothing to check."""
+
+
+def is_loopback(address: str | None) -> bool:
+    """Whether ``address`` (``host:port``, perhaps ``ray://``) is on this machine's loopback;
+    None, a cluster of our own, is."""
+    if address is None:
+        return True
+    host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@contextlib.contextmanager
+def _loopback_kept() -> Iterator[None]:
+    """Keep Ray on loopback while this process starts or joins a loopback cluster.
+
+    Ray turns a loopback address (the node's, the cluster's) into this machine's network address
+    before using it (``services.resolve_ip_for_localhost``), unless multi-host clusters are off:
+    ``ray.init(_node_ip_address="127.0.0.1")`` alone still listens on the network, and joining a
+    cluster that listens on 127.0.0.1 dials the network address and hangs. The switch is Ray's
+    constant (read when Ray was imported, hence set here too) and its environment variable (which
+    the processes Ray starts now inherit); both are restored after.
+    """
+    env = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    saved_env, saved_flag = os.environ.get(env), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[env] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = saved_env
+
+
+def check_reachable(address: str, source: str) -> None:
+    """A ConfigError naming ``source`` when nothing accepts a connection at ``address`` in time."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError([f"{source} {address!r}: expected HOST:PORT of a Ray cluster"])
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            [f"{source} {address}: no Ray cluster answers there within {CONNECT_TIMEOUT_S:g}s ({reason})"]
+        ) from None
+
+
+def connect_cluster(address: str | None) -> bool:
+    """Join the cluster at ``address``, or start a local one when None; True when started here."""
+    with contextlib.ExitStack() as stack:
+        if is_loopback(address):
+            stack.enter_context(_loopback_kept())
+        if address:
+            ray.init(address=address, log_to_driver=False)
+            return False
+        # "local": a new cluster, even where one runs already (None would join that one).
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, _node_ip_address=LOOPBACK)
+        return True
+
+
+def node_address() -> str:
+    """The address this actor's node has in the cluster (what the other nodes reach it at).
+
+    Not ``ray.util.get_node_ip_address()``: in a worker process that guesses from the default
+    route, which is the network address even on a node of a loopback cluster.
+    """
+    node_id = ray.get_runtime_context().get_node_id()
+    return str(next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id))
 
 
 class ReplicaHost:
@@ -74,7 +167,7 @@ class ReplicaHost:
         self._client = stack_client(payload["head_url"], payload.get("pool_size"))
         server = build_server(spec, self._client)
         self._client.add_local(spec.name, server.app, server.dispatch)
-        host = payload.get("bind_host") or ray.util.get_node_ip_address()
+        host = payload.get("bind_host") or node_address()
         self._server = AppServer(server.app, bind_socket(host, 0))
         await self._server.start()
         logging.getLogger("polygym.stack.ray").info(
@@ -109,6 +202,18 @@ def _log_to(path: Path) -> None:
     root.setLevel(logging.INFO)
 
 
+def cluster_address(option: str | None, config: str | None) -> tuple[str | None, str]:
+    """The cluster to join and where it was given: the option, else the config, else ``RAY_ADDRESS``."""
+    for address, source in (
+        (option, "--ray-address"),
+        (config, "ray_address (config)"),
+        (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS"),
+    ):
+        if address:
+            return address, source
+    return None, ""
+
+
 @dataclass
 class Replica:
     spec: ServerSpec
@@ -135,27 +240,27 @@ class RayBackend:
         ray_address: str | None = None,
         replicas: dict[str, int] | None = None,
         bind_host: str | None = None,
+        config_address: str | None = None,
     ) -> None:
-        """``bind_host``: the address replicas listen on; None: their node's address."""
+        """``ray_address``: ``--ray-address``, before the config's ``config_address`` and
+        ``RAY_ADDRESS``; ``bind_host``: the address replicas listen on (None: their node's)."""
         self.pool_size = pool_size
-        self.ray_address = ray_address or os.environ.get("RAY_ADDRESS") or None
+        self.ray_address, source = cluster_address(ray_address, config_address)
+        if self.ray_address and self.ray_address not in JOIN_ANY and not ray.is_initialized():
+            check_reachable(self.ray_address, source)
         self.replica_overrides = replicas or {}
         self.bind_host = bind_host
         self.replicas: list[Replica] = []
+        self.groups: dict[str, PlacementGroup] = {}
+        """Each GPU server's placement group (``stack.ray_gpu_groups``), by server name."""
         self._started_ray = False
-        self._failures: asyncio.Queue[ServerFailure] = asyncio.Queue()
+        self._deaths: asyncio.Queue[ServerFailure] = asyncio.Queue()
         self._watchers: list[asyncio.Task[None]] = []
         self._registry: Registry | None = None
 
     def _connect(self) -> None:
-        if ray.is_initialized():
-            return
-        if self.ray_address:
-            ray.init(address=self.ray_address, log_to_driver=False)
-        else:
-            # A cluster of our own stays on loopback, like every other stack this machine starts.
-            ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-            self._started_ray = True
+        if not ray.is_initialized():
+            self._started_ray = connect_cluster(self.ray_address)
 
     async def start(
         self, specs: list[ServerSpec], registry: Registry, head_url: str, stack_id: str, secret: str
@@ -167,6 +272,7 @@ class RayBackend:
         log_dir = stacks.logs_dir(stack_id)
         for spec in specs:
             placement = placement_of(spec.name, spec.config, self.replica_overrides.get(spec.name))
+            group = await self._group_for(spec.name, placement)
             for index in range(placement.replicas):
                 actor = host_cls.options(
                     num_cpus=placement.num_cpus,
@@ -174,7 +280,7 @@ class RayBackend:
                     resources=placement.resources or None,
                     max_restarts=placement.max_restarts,
                     max_task_retries=0,
-                    scheduling_strategy="SPREAD" if spec.kind == RESOURCES_KIND else "DEFAULT",
+                    **self._where(spec, group, index),
                 ).remote()
                 payload = {
                     "spec": spec_to_dict(spec),
@@ -198,6 +304,20 @@ class RayBackend:
             self._register(replica, place)
         self._watchers = [asyncio.create_task(self._watch(r)) for r in self.replicas]
 
+    async def _group_for(self, name: str, placement: Placement) -> PlacementGroup | None:
+        """The placement group of a GPU server's replicas, reserved now; None for other servers."""
+        if not gpu_groups.needs_group(placement):
+            return None
+        self.groups[name] = await gpu_groups.reserve(name, placement)
+        return self.groups[name]
+
+    @staticmethod
+    def _where(spec: ServerSpec, group: PlacementGroup | None, index: int) -> dict[str, Any]:
+        """Where replica ``index`` runs: its bundle of ``group``; else resources servers spread."""
+        if group is not None:
+            return gpu_groups.in_bundle(group, index)
+        return {"scheduling_strategy": "SPREAD" if spec.kind == RESOURCES_KIND else "DEFAULT"}
+
     def _register(self, replica: Replica, place: dict[str, Any]) -> None:
         assert self._registry is not None
         replica.entry = {
@@ -212,7 +332,7 @@ class RayBackend:
         self._registry.register(replica.entry)
 
     async def _watch(self, replica: Replica) -> None:
-        """Wait for the replica to die; take it out, restart it within its bound, or report it."""
+        """Wait for the replica to die; take it out, report it, restart it within its bound."""
         while True:
             try:
                 await replica.actor.serving.remote()
@@ -223,9 +343,19 @@ class RayBackend:
             self._registry.remove(slot_of(replica.entry))
             death = self.describe_death(replica)
             logging.getLogger("polygym.stack.ray").warning("%s", death)
-            if replica.restarts >= replica.max_restarts or not await self._restart(replica):
-                await self._failures.put(ServerFailure(replica.spec.name, death))
-                return
+            if replica.restarts < replica.max_restarts:
+                await self._deaths.put(ServerFailure(replica.spec.name, death, down=()))
+                if await self._restart(replica):
+                    continue
+                death = f"{replica.label} did not serve again within {START_TIMEOUT_S:g}s of its restart"
+            await self._deaths.put(ServerFailure(replica.spec.name, death, self._down_without(replica)))
+            return
+
+    def _down_without(self, replica: Replica) -> tuple[str, ...]:
+        """The server of a replica gone for good, unless another of its replicas still serves."""
+        assert self._registry is not None
+        name = replica.spec.name
+        return () if any(e["name"] == name for e in self._registry.entries.values()) else (name,)
 
     async def _restart(self, replica: Replica) -> bool:
         """Start the server again in the actor Ray restarted; False when it does not come back."""
@@ -261,8 +391,14 @@ class RayBackend:
         body = "\n".join(f"    {line}" for line in lines) or "    (log is empty)"
         return f"  last lines of {path}:\n{body}"
 
+    async def wait_death(self) -> ServerFailure:
+        return await self._deaths.get()
+
     async def wait_failure(self) -> ServerFailure:
-        return await self._failures.get()
+        """The first death that leaves a server with no replica (``wait_death`` has them all)."""
+        while not (failure := await self._deaths.get()).servers_down:
+            pass
+        return failure
 
     def pids(self) -> dict[str, int]:
         """Each serving replica's process (by registry slot), for CPU and memory accounting."""
@@ -282,6 +418,8 @@ class RayBackend:
                 with contextlib.suppress(Exception):
                     ray.kill(replica.actor, no_restart=True)
             self.replicas.clear()
+        gpu_groups.release(list(self.groups.values()))
+        self.groups.clear()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
             self._started_ray = False

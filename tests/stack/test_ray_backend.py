@@ -7,42 +7,64 @@ and checks that no replica process is left.
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
+import ipaddress
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
+import psutil
 import pytest
 
+from polygym.collect.rollouts import Limits, Result, collect
 from polygym.net.client import ServerCallError, ServerClient
+from polygym.row import make_job
+from polygym.stack.backend import LaunchError
 from polygym.stack.launcher import Stack
 from tests.conftest import gone, gym_command, wait_until
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
+from tests.stack.test_workers import kill_mid_run_then_resume
 
-# Ray turns a loopback cluster address into this machine's interface address when a driver joins
-# ("localhost isn't resolved to the loopback ip") unless multi-host clusters are off; the flag
-# must be set before Ray is imported, and the `gym` children of these tests inherit it.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from polygym.stack.ray_backend import connect_cluster  # noqa: E402
+
 NODES = 3
 MULTI = "example_multi_step"
+LOOPBACK_NODE: dict[str, Any] = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    loopback = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}
-    sim = Cluster(initialize_head=True, head_node_args={**loopback, "include_dashboard": False})
+    sim = Cluster(initialize_head=True, head_node_args={**LOOPBACK_NODE, "include_dashboard": False})
     for _ in range(NODES - 1):
-        sim.add_node(**loopback)
-    sim.wait_for_nodes()
-    ray.init(address=sim.address, log_to_driver=False)
+        sim.add_node(**LOOPBACK_NODE)
+    connect_cluster(sim.address)
+    every_node_schedulable(sim)
     yield sim
     ray.shutdown()
     sim.shutdown()
+
+
+def every_node_schedulable(sim: Any) -> None:
+    """Wait until SPREAD reaches every node: alive in the GCS is not enough, the scheduler's view
+    of a new node's resources comes later (until then SPREAD puts everything on the head)."""
+    sim.wait_for_nodes()
+
+    def spread_reaches_every_node() -> bool:
+        probes = [node_of.options(scheduling_strategy="SPREAD").remote() for _ in range(NODES)]
+        return len(set(ray.get(probes, timeout=30))) == NODES
+
+    assert wait_until(spread_reaches_every_node, 60, interval_s=0.2), ray.nodes()
+
+
+@ray.remote(num_cpus=0)
+def node_of() -> str:
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def ray_stack(cluster: Any, **kwargs: Any) -> Stack:
@@ -66,6 +88,10 @@ async def wait_for(predicate: Any, timeout_s: float = 60.0) -> bool:
             return True
         await asyncio.sleep(0.1)
     return bool(predicate())
+
+
+async def collected(results: AsyncIterator[Result]) -> list[Result]:
+    return [result async for result in results]
 
 
 def replicas_of(stack: Stack, name: str) -> list[dict[str, Any]]:
@@ -137,6 +163,108 @@ async def test_a_replica_past_its_restarts_is_a_named_failure(cluster: Any) -> N
         await stack.stop()
 
 
+async def active_sessions(client: ServerClient, url: str) -> int:
+    return int((await client.request_url("GET", url + "/")).json()["sessions"]["active"])
+
+
+async def death_of(stack: Stack, text: str) -> bool:
+    """Wait for a death whose message holds ``text`` among those the backend reports."""
+    while text not in (await stack.backend.wait_death()).message:  # type: ignore[attr-defined]
+        pass
+    return True
+
+
+async def test_a_removed_node_fails_only_its_rollouts_and_its_replica_restarts_elsewhere(
+    cluster: Any,
+) -> None:
+    config = two_env_config()
+    config.servers["policy_model"].config["latency_ms"] = 250  # rollouts of ~1 s: in flight when it goes
+    stack = Stack(
+        config, backend="ray", head_port=0, record=False, ray_address=cluster.address, replicas={MULTI: NODES}
+    )
+    await stack.start()
+    client = ServerClient(stack.head_url)
+    nodes = {node.node_id: node for node in cluster.worker_nodes}
+    try:
+        served = len(stack.servers())
+        target = next(r for r in replicas_of(stack, MULTI) if r["node_id"] in nodes)
+        rows = enumerate(example_rows(MULTI))
+        jobs = [make_job(row, f"{MULTI}_simple_agent", task, i) for task, row in rows for i in range(6)]
+        results = asyncio.ensure_future(collected(collect(jobs, client, Limits(concurrency=len(jobs)))))
+        deadline = time.monotonic() + 30
+        while await active_sessions(client, target["url"]) == 0:  # rollouts in flight on its node
+            assert time.monotonic() < deadline and not results.done(), "no rollout reached the replica"
+            await asyncio.sleep(0.05)
+        cluster.remove_node(nodes[target["node_id"]])
+
+        done = await asyncio.wait_for(results, 120)  # no hang
+        failures = [r.failure for r in done if r.failure is not None]
+        assert failures and len(done) == len(jobs), [r.failure for r in done]
+        assert all(f["error_class"] for f in failures), failures
+        named = f"server '{MULTI}' replica {target['replica']} on node 127.0.0.1 ({target['node_id'][:12]})"
+        assert await asyncio.wait_for(death_of(stack, named), 60)
+        assert await wait_for(lambda: len(stack.servers()) == served, 90), stack.servers()
+        [again] = [r for r in replicas_of(stack, MULTI) if r["replica"] == target["replica"]]
+        assert again["restarts"] == 1 and again["node_id"] != target["node_id"], (again, target)
+        assert await solve_all(client) == [1.0] * 10
+    finally:
+        await client.close()
+        await stack.stop()
+        cluster.add_node(**LOOPBACK_NODE)
+        every_node_schedulable(cluster)
+
+
+def test_a_replica_killed_mid_run_is_named_and_resume_finishes_exactly(cluster: Any, tmp_path: Any) -> None:
+    kill_mid_run_then_resume(
+        ["--backend", "ray", "--ray-address", cluster.address, "--replicas", f"{MULTI}=2"],
+        lambda record: next(s["pid"] for s in record["servers"] if s["name"] == MULTI and s["replica"] == 1),
+        f"server '{MULTI}' replica 1 on node 127.0.0.1",
+        tmp_path,
+    )
+
+
+def gpu_stack(cluster: Any, num_gpus: int) -> Stack:
+    """Both environments, with a policy model that asks for ``num_gpus`` per replica."""
+    config = two_env_config()
+    config.servers["policy_model"].config["num_gpus"] = num_gpus
+    return Stack(config, backend="ray", head_port=0, record=False, ray_address=cluster.address)
+
+
+async def test_a_gpu_model_server_runs_in_a_placement_group_on_the_gpu_node(cluster: Any) -> None:
+    gpu_node = cluster.add_node(num_cpus=0, num_gpus=1, node_ip_address="127.0.0.1")  # logical GPU
+    try:
+        assert wait_until(lambda: ray.cluster_resources().get("GPU") == 1, 60)
+        stack = gpu_stack(cluster, 1)
+        await stack.start()
+        client = ServerClient(stack.head_url)
+        try:
+            [model] = replicas_of(stack, "policy_model")
+            assert model["node_id"] == gpu_node.node_id
+            groups = stack.backend.groups  # type: ignore[attr-defined]
+            assert list(groups) == ["policy_model"]  # servers without GPUs are placed as before
+            group = groups["policy_model"]
+            table = ray.util.placement_group_table(group)
+            assert table["state"] == "CREATED" and table["bundles"] == {0: {"GPU": 1.0}}
+            assert table["bundles_to_node_id"] == {0: gpu_node.node_id}
+            assert await solve_all(client) == [1.0] * 10
+        finally:
+            await client.close()
+            await stack.stop()
+        assert wait_until(lambda: ray.util.placement_group_table(group)["state"] == "REMOVED", 30)
+    finally:
+        cluster.remove_node(gpu_node)
+
+
+async def test_gpus_no_node_has_fail_at_once_naming_the_server(cluster: Any) -> None:
+    began = time.monotonic()
+    with pytest.raises(LaunchError) as failed:
+        await gpu_stack(cluster, 8).start()
+    assert time.monotonic() - began < 30
+    assert "server 'policy_model' asks for 1 replica(s) of {'GPU': 8.0}" in str(failed.value)
+    assert "no node of the Ray cluster has that much (at most: GPU" in str(failed.value)
+    assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
+
+
 def test_the_seed_flow_runs_unchanged_on_ray(cluster: Any, start_stack: Any, tmp_path: Any) -> None:
     stack = start_stack(
         *SELECTORS, "--backend", "ray", "--ray-address", cluster.address, "--replicas", f"{MULTI}=2"
@@ -186,6 +314,24 @@ def test_placement_that_cannot_be_honoured_exits_2(args: tuple[str, ...], tmp_pa
     assert ("replicas" in run.stderr) or ("ray" in run.stderr)
 
 
+@pytest.mark.parametrize("command", ["env start", "eval run"])
+def test_an_unreachable_cluster_address_exits_2_naming_it(command: str, tmp_path: Any) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(orjson.dumps(example_rows(MULTI)[0]) + b"\n")
+    io = ("--input", str(rows), "--output", str(tmp_path / "o.jsonl"))
+    args = [*command.split(), *SELECTORS, "--backend", "ray", "--ray-address", "127.0.0.1:1"]
+    began = time.monotonic()
+    run = subprocess.run(
+        gym_command(*args, *(io if command == "eval run" else ())),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--ray-address 127.0.0.1:1: no Ray cluster answers there" in " ".join(run.stderr.split())
+    assert time.monotonic() - began < 30
+
+
 def test_placement_options_are_refused_when_joining(tmp_path: Any) -> None:
     run = subprocess.run(
         gym_command("eval", "run", "--no-serve", "--replicas", f"{MULTI}=2", "--input", "x", "--output", "y"),
@@ -195,3 +341,29 @@ def test_placement_options_are_refused_when_joining(tmp_path: Any) -> None:
     )
     assert run.returncode == 2
     assert "--replicas only applies to a stack this command starts" in run.stderr
+
+
+def listening_hosts(pid: int) -> set[str]:
+    """The addresses that process ``pid`` and every process under it listen on (TCP)."""
+    hosts: set[str] = set()
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            hosts |= {c.laddr.ip for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return hosts
+
+
+def test_a_local_cluster_and_its_replicas_stay_on_loopback(
+    start_stack: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing set by the user: Ray's own switch for this stays at its default.
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    stack = start_stack(*SELECTORS, "--backend", "ray", "--replicas", f"{MULTI}=2")
+    servers = stack.record["servers"]
+    assert len(servers) == 6
+    assert {urlsplit(s["url"]).hostname for s in servers} == {"127.0.0.1"}, servers
+    assert {s["node_ip"] for s in servers} == {"127.0.0.1"}
+    hosts = listening_hosts(stack.proc.pid)  # Ray's own processes too
+    ips = [ipaddress.ip_address(host) for host in hosts]
+    assert ips and all((getattr(ip, "ipv4_mapped", None) or ip).is_loopback for ip in ips), hosts
