@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from polygym.collect.eval_run import METRICS_FALLBACK
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
@@ -252,6 +253,19 @@ def run_eval(cwd: Path, *args: str) -> dict[str, dict[str, Any]]:
     return {row["responses_create_params"]["metadata"]["case"]: row for row in iter_jsonl(files.output)}
 
 
+def assert_environment_metrics(cwd: Path, agents: set[str]) -> None:
+    """Each agent's entry holds its NeMo Gym environment's own metrics (NeMo Gym's reward
+    profile: per-task ``reward_profile_completion_pct``, ``perf_summary``), not polygym's generic
+    stand-in, which a failed ``/aggregate_metrics`` call would leave (marked ``metrics_fallback``)."""
+    entries = {e["agent_ref"]["name"]: e for e in json.loads(RunFiles(cwd / "out.jsonl").metrics.read_text())}
+    assert set(entries) == agents
+    for entry in entries.values():
+        assert METRICS_FALLBACK not in entry
+        assert "perf_summary" in entry
+        assert all("reward_profile_completion_pct" in task for task in entry["group_level_metrics"])
+        assert entry["agent_metrics"]["mean/reward"] == 0.5
+
+
 def expected_rewards(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {row["nemo_gym_case"]: 1.0 if row["nemo_gym_case"].endswith("right") else 0.0 for row in rows}
 
@@ -274,6 +288,7 @@ def test_nemo_gym_environments_run_unchanged_under_eval_run(
         *("--resources-server", "calendar", "--config", str(config), *marks),
     )
     assert {case: row["reward"] for case, row in results.items()} == expected_rewards(rows)
+    assert_environment_metrics(tmp_path, {agent for agent, _ in ENVIRONMENTS.values()})
     right = results["math_advanced_calculations/0/right"]["response"]["output"]
     outputs = [json.loads(item["output"]) for item in right if item["type"] == "function_call_output"]
     assert outputs == [
