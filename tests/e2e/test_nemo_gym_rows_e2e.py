@@ -204,3 +204,42 @@ def test_every_row_gets_nemo_gyms_reward(wheel: Path, tmp_path: Path) -> None:
         row.get("score_status") for case, row in results.items() if case.startswith("reasoning_gym/")
     } == {"ok"}
     assert len(rewards) == 2 * 5 * len(SHARED)  # every shipped row, accepted and scored
+
+
+def test_the_readmes_two_environment_flow_with_nemo_gyms_data_files(
+    wheel: Path, tmp_path: Path, start_stack: Any
+) -> None:
+    """The README's flow (`gym env start` both examples, rows stamped with their agent as its jq
+    lines do, `gym eval run --no-serve`) fed with NeMo Gym's own example.jsonl files: 10 rollouts,
+    none failed, each with the tool results and reward NeMo Gym's servers give the right play."""
+    flow = ("example_single_tool_call", "example_multi_step")
+    start_stack(
+        "--model-type", "scripted_model", *(flag for env in flow for flag in ("--resources-server", env))
+    )
+    rows = [
+        scripted(env, index, row, "right", POLICIES[env](row)[0])
+        for env in flow
+        for index, row in enumerate(nemo_gym_rows(wheel, env))
+    ]
+    write_jsonl(rows, tmp_path / "results" / "test_multiverifier_input.jsonl")
+    run = subprocess.run(
+        gym_command(
+            *("eval", "run", "--no-serve", "--input", "results/test_multiverifier_input.jsonl"),
+            *("--output", "results/test_multiverifier_outputs.jsonl"),
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    files = RunFiles(tmp_path / "results" / "test_multiverifier_outputs.jsonl")
+    assert list(iter_jsonl(files.failures)) == []
+    results = {row["nemo_gym_case"]: row for row in iter_jsonl(files.output)}
+    assert len(results) == 10
+    assert {case: row["reward"] for case, row in results.items()} == {
+        row["nemo_gym_case"]: 1.0 for row in rows
+    }
+    for row in rows:
+        case = row["nemo_gym_case"]
+        assert tool_results(results[case]) == expected_tool_results(case.split("/")[0], row), case
