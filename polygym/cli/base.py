@@ -10,7 +10,7 @@ import asyncio
 import functools
 import os
 import sys
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -19,6 +19,7 @@ import yaml
 from click.core import ParameterSource
 from rich.console import Console
 
+from polygym.cli.nemo_gym_commands import not_provided
 from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
 from polygym.protocol import MODEL_KIND
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
@@ -35,13 +36,25 @@ EXIT_INTERRUPTED = 130
 
 
 class SuggestingGroup(click.Group):
-    """A click group whose unknown-command error names the closest command."""
+    """A click group whose unknown-command error names the closest command, or, for one of NeMo
+    Gym's commands that polygym lacks, says so and what to use instead."""
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
         name = args[0] if args else ""
         if name and not name.startswith("-") and self.get_command(ctx, name) is None:
-            raise click.UsageError(unknown_name_message("command", name, self.list_commands(ctx)), ctx)
+            words = [c.info_name or "" for c in reversed(list(_lineage(ctx)))][1:]
+            message = not_provided([*words, name, *args[1:2]]) or not_provided([*words, name])
+            raise click.UsageError(
+                message or unknown_name_message("command", name, self.list_commands(ctx)), ctx
+            )
         return super().resolve_command(ctx, args)
+
+
+def _lineage(ctx: click.Context | None) -> Iterator[click.Context]:
+    """``ctx`` and its parents, innermost first (the root's name is the program's, not a command)."""
+    while ctx is not None:
+        yield ctx
+        ctx = ctx.parent
 
 
 MODEL_FLAGS = {
