@@ -19,7 +19,7 @@ import yaml
 from click.core import ParameterSource
 from rich.console import Console
 
-from polygym.cli.nemo_gym_commands import not_provided
+from polygym.cli.nemo_gym_commands import SELECTOR_FLAGS_NOT_PROVIDED, not_provided
 from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
 from polygym.protocol import MODEL_KIND
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
@@ -111,10 +111,40 @@ def _with_nemo_gym_flags(func: F) -> F:
     )(command)
     command = click.option(
         "--nemo-gym-root",
+        "--search-dir",
         "nemo_gym_roots",
         multiple=True,
         metavar="DIR",
-        help="A NeMo Gym checkout (or unpacked wheel) whose server folders may be run (repeatable).",
+        help="A NeMo Gym checkout (or unpacked wheel) whose server folders may be run (repeatable; "
+        "--search-dir is NeMo Gym's name for it).",
+    )(command)
+    return command  # type: ignore[return-value]
+
+
+def _with_nemo_gym_selectors(func: F) -> F:
+    """NeMo Gym's selection flags without a polygym counterpart: ``--benchmark``, ``--environment``
+    and ``--agent-type`` exit 2 naming the flag and why (never silently dropped);
+    ``--allow-unsupported-pairing`` is taken and does nothing, since polygym never refuses an
+    agent or model that an environment does not declare, which is all the flag allows."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("allow_unsupported_pairing")
+        given = [name for name in SELECTOR_FLAGS_NOT_PROVIDED if kwargs.pop(name)]
+        if given:
+            problems = [f"--{name.replace('_', '-')} {SELECTOR_FLAGS_NOT_PROVIDED[name]}" for name in given]
+            raise click.UsageError("\n".join(problems))
+        return func(*args, **kwargs)
+
+    for name in SELECTOR_FLAGS_NOT_PROVIDED:
+        flag = f"--{name.replace('_', '-')}"
+        command = click.option(
+            flag, name, multiple=True, metavar="NAME", help=f"NeMo Gym's {flag}: refused."
+        )(command)
+    command = click.option(
+        "--allow-unsupported-pairing",
+        is_flag=True,
+        help="NeMo Gym's: accepted; polygym never refuses an agent or model an environment does not declare.",
     )(command)
     return command  # type: ignore[return-value]
 
@@ -124,6 +154,7 @@ def selector_options(func: F) -> F:
     overrides (Hydra's ``key=``, ``+key=``, ``++key=``) to a command."""
     func = _with_model_flags(func)
     func = _with_nemo_gym_flags(func)
+    func = _with_nemo_gym_selectors(func)
     func = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")(func)
     func = click.option(
         "--config", "configs", multiple=True, metavar="PATH", help="A config file to merge (repeatable)."

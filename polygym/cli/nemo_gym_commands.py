@@ -1,4 +1,4 @@
-"""NeMo Gym 0.7's commands that polygym does not provide, each with what to use instead.
+"""NeMo Gym 0.7's commands and flags that polygym does not provide, each with what to use instead.
 
 A NeMo Gym user who types ``gym eval profile`` or runs ``ng_reward_profile`` in a script would
 otherwise get click's bare "No such command", which reads like a typo. Each command here exits 2
@@ -102,3 +102,15 @@ def legacy_not_provided(alias: str) -> str | None:
     if command is None:
         return None
     return f"'{alias}' is NeMo Gym's 'gym {command}'; polygym does not provide it: {NOT_PROVIDED[command]}"
+
+
+SELECTOR_FLAGS_NOT_PROVIDED: dict[str, str] = {
+    "benchmark": "cannot be honoured: polygym does not read NeMo Gym's benchmarks (benchmarks/NAME/); "
+    "select the benchmark's resources server with --resources-server NAME or its config with --config PATH",
+    "environment": "cannot be honoured: polygym does not read NeMo Gym 0.7's environment manifests "
+    "(environments/NAME/); select the resources server with --resources-server NAME or its config with "
+    "--config PATH",
+    "agent_type": "cannot be honoured: polygym takes each environment's agent from its config; choose "
+    "another with --config PATH or an override (++AGENT.responses_api_agents...)",
+}
+"""NeMo Gym's stack-selection flags that polygym accepts only to refuse by name (exit 2), and why."""

@@ -119,6 +119,7 @@ async def write_aggregate_metrics(
         block = (
             await _agent_metrics(client, agent, by_agent[agent]) if by_agent[agent] else metrics.aggregate([])
         )
+        block["agent_metrics"].setdefault("num_rollouts", len(by_agent[agent]))  # NeMo Gym's lack it
         block["agent_metrics"]["num_failures"] = failures[agent]
         block["agent_metrics"].update(latency_metrics(summary.latencies.get(agent, [])))
         block["agent_metrics"].update(health.metrics(agent))
@@ -139,6 +140,7 @@ async def run_eval(
     allow_stack_change: bool = False,
     health: StackHealth | None = None,
     monitor: HealthMonitor | None = None,
+    aggregate: bool = True,
 ) -> RunSummary:
     """Collect every job not yet done into ``files``; cancellation leaves a resumable run.
 
@@ -147,6 +149,7 @@ async def run_eval(
     expanded one at a time: each is appended to the materialized inputs as it is dispatched, so
     neither memory nor that file grows before the rollouts do. ``monitor`` watches every result's
     health and quarantines an environment past its thresholds (``summary.health.quarantined``).
+    ``aggregate=False`` writes no metrics file (NeMo Gym's ``--disable-aggregation``).
     """
     plan = jobs if isinstance(jobs, JobPlan) else JobPlan.from_jobs(jobs)
     with RunLock(files):
@@ -172,7 +175,8 @@ async def run_eval(
             except BaseException:
                 summary.interrupted = True
                 raise
-        await write_aggregate_metrics(files, client, summary)
+        if aggregate:
+            await write_aggregate_metrics(files, client, summary)
     return summary
 
 
