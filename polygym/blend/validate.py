@@ -25,9 +25,17 @@ from pydantic import BaseModel, ValidationError
 
 from polygym.collect.dataset import Row, agent_of, check_row, file_problem, read_rows
 from polygym.collect.sampling import SAMPLING_FIELDS
+from polygym.protocol import RESOURCES_KIND
 from polygym.servers.base import body_model
+from polygym.stack.catalog import list_implementations
 from polygym.stack.config import ConfigError
-from polygym.stack.environment import Environment, all_environments, load_server_class
+from polygym.stack.environment import (
+    Environment,
+    EnvironmentNotFoundError,
+    all_environments,
+    load_environment,
+    load_server_class,
+)
 from polygym.stack.nemo_gym_server import is_nemo_gym_server
 from polygym.suggest import unknown_name_message
 
@@ -146,16 +154,20 @@ class ValidationReport:
 
 
 def _selected(envs: Sequence[str], problems: list[str]) -> dict[str, Environment]:
-    """Every loadable environment, or only those named (unknown names are problems)."""
-    known = all_environments()
+    """Every loadable environment, or only those named: loaded by name, since a NeMo Gym root
+    holds some 150 and loading them all takes seconds. An unknown name is a problem with a
+    suggestion; a named environment whose config does not load is one with the config's problems."""
     if not envs:
-        return known
+        return all_environments()
     selected: dict[str, Environment] = {}
     for name in envs:
-        if name in known:
-            selected[name] = known[name]
-        else:
+        try:
+            selected[name] = load_environment(name)
+        except EnvironmentNotFoundError:
+            known = list_implementations(RESOURCES_KIND)
             problems.append(f"--env {name}: {unknown_name_message('environment', name, known)}")
+        except ConfigError as exc:
+            problems.append(f"--env {name}: its config does not load: {'; '.join(exc.problems)}")
     return selected
 
 

@@ -50,3 +50,20 @@ def test_a_nemo_gym_environment_is_not_imported_its_rows_get_the_generic_checks(
         "ng_env_simple_agent: ng_env is a NeMo Gym server: its rows got the generic checks only "
         "(responses_create_params, agent_ref); its own row schema is checked by the server at run time"
     ]
+
+
+def test_a_named_environment_whose_config_does_not_load_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not "unknown environment": only the named environments are loaded, and this one is broken."""
+    folder = tmp_path / "resources_servers" / "zz_bad_config"
+    (folder / "configs").mkdir(parents=True)
+    (folder / "configs" / "zz_bad_config.yaml").write_text(
+        "config_paths: [no/such/file.yaml]\n"
+        "zz_bad_config:\n  resources_servers:\n    zz_bad_config:\n      key: 1\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    data = write(tmp_path / "rows.jsonl", '{"responses_create_params": {"input": "hi"}}\n')
+    problem = validate_files([data], ["zz_bad_config"]).problems[0]
+    assert problem.startswith("--env zz_bad_config: its config does not load:")
+    assert "config_paths entry 'no/such/file.yaml' not found" in problem
