@@ -135,6 +135,18 @@ def expected_tool_results(env: str, row: dict[str, Any]) -> list[Any]:
     return []
 
 
+def collect_cases(cwd: Path, *args: str) -> dict[str, dict[str, Any]]:
+    """`gym eval run ARGS` (``--output`` among them) in ``cwd``, which must succeed with no failed
+    rollout; its rollouts by case."""
+    run = subprocess.run(
+        gym_command("eval", "run", *args), cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    files = RunFiles(cwd / args[args.index("--output") + 1])
+    assert list(iter_jsonl(files.failures)) == []
+    return {row["nemo_gym_case"]: row for row in iter_jsonl(files.output)}
+
+
 @pytest.fixture(scope="module")
 def wheel() -> Path:
     return nemo_gym_wheel()
@@ -174,20 +186,11 @@ def test_every_row_gets_nemo_gyms_reward(wheel: Path, tmp_path: Path) -> None:
     # with five servers starting, 20 s is not always enough, and a timeout would read as a 0.
     (tmp_path / "slow.yaml").write_text(RELAXED_SCORE_TIMEOUT)
     selectors = [flag for env in SHARED for flag in ("--resources-server", env)]
-    run = subprocess.run(
-        gym_command(
-            *("eval", "run", "--model-type", "scripted_model", *selectors),
-            *("--config", "slow.yaml", "--input", "in.jsonl", "--output", "out.jsonl"),
-        ),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    results = collect_cases(
+        tmp_path,
+        *("--model-type", "scripted_model", *selectors, "--config", "slow.yaml"),
+        *("--input", "in.jsonl", "--output", "out.jsonl"),
     )
-    assert run.returncode == 0, run.stderr
-    files = RunFiles(tmp_path / "out.jsonl")
-    assert list(iter_jsonl(files.failures)) == []
-    results = {row["nemo_gym_case"]: row for row in iter_jsonl(files.output)}
     rewards = {case: row["reward"] for case, row in results.items()}
     expected = {row["nemo_gym_case"]: 1.0 if row["nemo_gym_case"].endswith("right") else 0.0 for row in rows}
     mismatches = {
@@ -222,20 +225,11 @@ def test_the_readmes_two_environment_flow_with_nemo_gyms_data_files(
         for index, row in enumerate(nemo_gym_rows(wheel, env))
     ]
     write_jsonl(rows, tmp_path / "results" / "test_multiverifier_input.jsonl")
-    run = subprocess.run(
-        gym_command(
-            *("eval", "run", "--no-serve", "--input", "results/test_multiverifier_input.jsonl"),
-            *("--output", "results/test_multiverifier_outputs.jsonl"),
-        ),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    results = collect_cases(
+        tmp_path,
+        *("--no-serve", "--input", "results/test_multiverifier_input.jsonl"),
+        *("--output", "results/test_multiverifier_outputs.jsonl"),
     )
-    assert run.returncode == 0, run.stderr
-    files = RunFiles(tmp_path / "results" / "test_multiverifier_outputs.jsonl")
-    assert list(iter_jsonl(files.failures)) == []
-    results = {row["nemo_gym_case"]: row for row in iter_jsonl(files.output)}
     assert len(results) == 10
     assert {case: row["reward"] for case, row in results.items()} == {
         row["nemo_gym_case"]: 1.0 for row in rows
