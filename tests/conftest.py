@@ -22,6 +22,7 @@ import pytest
 
 from polygym.jsonl import iter_jsonl
 from polygym.stack import records as stacks
+from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 60.0
@@ -36,6 +37,23 @@ responses_per_prompt: 2
 seed: 13
 """
 """A small blend of both example environments (3:1, two responses per prompt) for CLI tests."""
+
+
+@pytest.fixture
+def fake_nemo_gym_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A NeMo Gym root holding one resources server, ``ng_env`` (its app.py imports nemo_gym, which
+    polygym's process cannot import); returns the ``agent_ref`` of its agent."""
+    folder = tmp_path / "nemo_gym_root" / "resources_servers" / "ng_env"
+    (folder / "configs").mkdir(parents=True)
+    (folder / "app.py").write_text("from nemo_gym.base_resources_server import SimpleResourcesServer\n")
+    (folder / "configs" / "ng_env.yaml").write_text(
+        "ng_env:\n  resources_servers:\n    ng_env:\n      entrypoint: app.py\n      domain: math\n"
+        "ng_env_simple_agent:\n  responses_api_agents:\n    simple_agent:\n"
+        "      resources_server: {type: resources_servers, name: ng_env}\n"
+        "      model_server: {type: responses_api_models, name: policy_model}\n"
+    )
+    monkeypatch.setenv(NEMO_GYM_ROOT_ENV_VAR, str(folder.parent.parent))
+    return {"type": "responses_api_agents", "name": "ng_env_simple_agent"}
 
 
 @pytest.fixture(autouse=True)

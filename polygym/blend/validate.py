@@ -5,6 +5,11 @@ every rollout of a row without it, an hour into collection. So rows are checked 
 verifier's own request model before anything runs, by ``gym data validate`` (``validate_files``)
 and by every blend load (``polygym.blend.mix.load_blend``), with per-environment counts of rows,
 tools, turns and estimated tokens.
+
+A NeMo Gym server (``polygym.stack.nemo_gym_server``) is never imported here: it needs its own
+Python environment (fastapi, nemo_gym, its requirements), which polygym's process does not have.
+Its rows get the generic checks only, and the report says that its server checks the rest when
+the rollouts run.
 """
 
 from __future__ import annotations
@@ -20,9 +25,18 @@ from pydantic import BaseModel, ValidationError
 
 from polygym.collect.dataset import Row, agent_of, check_row, file_problem, read_rows
 from polygym.collect.sampling import SAMPLING_FIELDS
+from polygym.protocol import RESOURCES_KIND
 from polygym.servers.base import body_model
+from polygym.stack.catalog import list_implementations
 from polygym.stack.config import ConfigError
-from polygym.stack.environment import Environment, all_environments, load_server_class
+from polygym.stack.environment import (
+    Environment,
+    EnvironmentNotFoundError,
+    all_environments,
+    load_environment,
+    load_server_class,
+)
+from polygym.stack.nemo_gym_server import is_nemo_gym_server
 from polygym.suggest import unknown_name_message
 
 ROLLOUT_FIELDS = frozenset({"response"})
@@ -41,6 +55,8 @@ class Verifier:
     model: type[BaseModel] | None
     required: list[str]
     problem: str | None = None
+    note: str | None = None
+    """Why the rows were not checked against the verifier's model, when that is no problem."""
 
 
 def verifier_for(env: Environment, agent: str) -> Verifier:
@@ -48,6 +64,12 @@ def verifier_for(env: Environment, agent: str) -> Verifier:
     server = env.resources_server_of(agent)
     if server is None:
         return Verifier(env.name, None, [], f"{agent} refers to no resources server in {env.config_path}")
+    if is_nemo_gym_server(server):
+        note = (
+            f"{agent}: {server.name} is a NeMo Gym server: its rows got the generic checks only "
+            "(responses_create_params, agent_ref); its own row schema is checked by the server at run time"
+        )
+        return Verifier(env.name, None, [], note=note)
     try:
         cls = load_server_class(server)
     except ConfigError as exc:  # a broken app.py is reported, the other rows are still checked
@@ -127,19 +149,25 @@ class ValidationReport:
     problems: list[str]
     stats: list[EnvStats]
     rows: int
+    notes: list[str] = field(default_factory=list)
+    """What was not checked and why (e.g. NeMo Gym servers' own row schemas)."""
 
 
 def _selected(envs: Sequence[str], problems: list[str]) -> dict[str, Environment]:
-    """Every loadable environment, or only those named (unknown names are problems)."""
-    known = all_environments()
+    """Every loadable environment, or only those named: loaded by name, since a NeMo Gym root
+    holds some 150 and loading them all takes seconds. An unknown name is a problem with a
+    suggestion; a named environment whose config does not load is one with the config's problems."""
     if not envs:
-        return known
+        return all_environments()
     selected: dict[str, Environment] = {}
     for name in envs:
-        if name in known:
-            selected[name] = known[name]
-        else:
+        try:
+            selected[name] = load_environment(name)
+        except EnvironmentNotFoundError:
+            known = list_implementations(RESOURCES_KIND)
             problems.append(f"--env {name}: {unknown_name_message('environment', name, known)}")
+        except ConfigError as exc:
+            problems.append(f"--env {name}: its config does not load: {'; '.join(exc.problems)}")
     return selected
 
 
@@ -157,6 +185,7 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
         default_agent = environments[envs[0]].default_agent()
     verifiers: dict[str, Verifier] = {}
     stats: dict[str, EnvStats] = {}
+    notes: list[str] = []
     total = 0
     for path in paths:
         unreadable = file_problem(path)
@@ -182,6 +211,8 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
                 verifiers[agent] = verifier_for(env, agent)
                 if verifiers[agent].problem:
                     problems.append(f"{env.config_path}: {agent}: {verifiers[agent].problem}")
+                if verifiers[agent].note:
+                    notes.append(str(verifiers[agent].note))
             check_verifier_fields(row, verifiers[agent], problems)
             stats.setdefault(agent, EnvStats(env.name, agent)).add(row.data)
-    return ValidationReport(problems, list(stats.values()), total)
+    return ValidationReport(problems, list(stats.values()), total, notes)

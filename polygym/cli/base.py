@@ -10,7 +10,7 @@ import asyncio
 import functools
 import os
 import sys
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -19,6 +19,7 @@ import yaml
 from click.core import ParameterSource
 from rich.console import Console
 
+from polygym.cli.nemo_gym_commands import SELECTOR_FLAGS_NOT_PROVIDED, not_provided
 from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
 from polygym.protocol import MODEL_KIND
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
@@ -35,13 +36,25 @@ EXIT_INTERRUPTED = 130
 
 
 class SuggestingGroup(click.Group):
-    """A click group whose unknown-command error names the closest command."""
+    """A click group whose unknown-command error names the closest command, or, for one of NeMo
+    Gym's commands that polygym lacks, says so and what to use instead."""
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
         name = args[0] if args else ""
         if name and not name.startswith("-") and self.get_command(ctx, name) is None:
-            raise click.UsageError(unknown_name_message("command", name, self.list_commands(ctx)), ctx)
+            words = [c.info_name or "" for c in reversed(list(_lineage(ctx)))][1:]
+            message = not_provided([*words, name, *args[1:2]]) or not_provided([*words, name])
+            raise click.UsageError(
+                message or unknown_name_message("command", name, self.list_commands(ctx)), ctx
+            )
         return super().resolve_command(ctx, args)
+
+
+def _lineage(ctx: click.Context | None) -> Iterator[click.Context]:
+    """``ctx`` and its parents, innermost first (the root's name is the program's, not a command)."""
+    while ctx is not None:
+        yield ctx
+        ctx = ctx.parent
 
 
 MODEL_FLAGS = {
@@ -98,10 +111,40 @@ def _with_nemo_gym_flags(func: F) -> F:
     )(command)
     command = click.option(
         "--nemo-gym-root",
+        "--search-dir",
         "nemo_gym_roots",
         multiple=True,
         metavar="DIR",
-        help="A NeMo Gym checkout (or unpacked wheel) whose server folders may be run (repeatable).",
+        help="A NeMo Gym checkout (or unpacked wheel) whose server folders may be run (repeatable; "
+        "--search-dir is NeMo Gym's name for it).",
+    )(command)
+    return command  # type: ignore[return-value]
+
+
+def _with_nemo_gym_selectors(func: F) -> F:
+    """NeMo Gym's selection flags without a polygym counterpart: ``--benchmark``, ``--environment``
+    and ``--agent-type`` exit 2 naming the flag and why (never silently dropped);
+    ``--allow-unsupported-pairing`` is taken and does nothing, since polygym never refuses an
+    agent or model that an environment does not declare, which is all the flag allows."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("allow_unsupported_pairing")
+        given = [name for name in SELECTOR_FLAGS_NOT_PROVIDED if kwargs.pop(name)]
+        if given:
+            problems = [f"--{name.replace('_', '-')} {SELECTOR_FLAGS_NOT_PROVIDED[name]}" for name in given]
+            raise click.UsageError("\n".join(problems))
+        return func(*args, **kwargs)
+
+    for name in SELECTOR_FLAGS_NOT_PROVIDED:
+        flag = f"--{name.replace('_', '-')}"
+        command = click.option(
+            flag, name, multiple=True, metavar="NAME", help=f"NeMo Gym's {flag}: refused."
+        )(command)
+    command = click.option(
+        "--allow-unsupported-pairing",
+        is_flag=True,
+        help="NeMo Gym's: accepted; polygym never refuses an agent or model an environment does not declare.",
     )(command)
     return command  # type: ignore[return-value]
 
@@ -111,6 +154,7 @@ def selector_options(func: F) -> F:
     overrides (Hydra's ``key=``, ``+key=``, ``++key=``) to a command."""
     func = _with_model_flags(func)
     func = _with_nemo_gym_flags(func)
+    func = _with_nemo_gym_selectors(func)
     func = click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")(func)
     func = click.option(
         "--config", "configs", multiple=True, metavar="PATH", help="A config file to merge (repeatable)."

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from polygym.blend.mix import ORDERS, load_blend
 from polygym.blend.spec import BlendSpec, BlendSpecError, load_spec, spec_from_flags
-from polygym.blend.validate import CHARS_PER_TOKEN, validate_files
+from polygym.blend.validate import CHARS_PER_TOKEN, ValidationReport, validate_files
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail
 from polygym.collect.dataset import DatasetError
 from polygym.jsonl import iter_jsonl, write_jsonl
@@ -136,6 +136,7 @@ def validate(files: tuple[Path, ...], envs: tuple[str, ...], as_json: bool) -> N
         payload = {
             "rows": report.rows,
             "problems": report.problems,
+            "notes": report.notes,
             "environments": [s.to_dict() for s in report.stats],
             "token_estimate": f"characters / {CHARS_PER_TOKEN} of input and tools",
         }
@@ -146,7 +147,7 @@ def validate(files: tuple[Path, ...], envs: tuple[str, ...], as_json: bool) -> N
         raise SystemExit(EXIT_FAILURE)
 
 
-def _print_validation(report: Any) -> None:
+def _print_validation(report: ValidationReport) -> None:
     err = console(stderr=True)
     for problem in report.problems[:200]:
         err.print(escape(problem))
@@ -170,6 +171,8 @@ def _print_validation(report: Any) -> None:
         )
     out.print(table)
     out.print(f"tokens are estimated as characters / {CHARS_PER_TOKEN} of the input items and tools")
+    for note in report.notes:
+        out.print(f"note: {escape(note)}")
     problems = len(report.problems)
     verdict = (
         f"[red]{problems} problem{'s' if problems != 1 else ''}[/]" if problems else "[green]no problems[/]"

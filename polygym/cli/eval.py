@@ -231,6 +231,21 @@ POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
 @click.option("--max-output-tokens", type=int, default=None, help="Override every row's max_output_tokens.")
 @click.option("--seed", type=int, default=None, help="Sampling seed; repeat r of a row uses SEED + r.")
 @click.option(
+    "--interleave-repeats",
+    is_flag=True,
+    help="Send the repeats round by round (abcabc), not each row's back to back (aabbcc).",
+)
+@click.option(
+    "--disable-aggregation", is_flag=True, help="Do not compute or write the aggregate metrics file."
+)
+@click.option("--no-health-check", is_flag=True, help="NeMo Gym's post-run health check: refused.")
+@click.option(
+    "--health-check-workers", type=int, default=None, help="NeMo Gym's health-check workers: refused."
+)
+@click.option(
+    "--health-check-ignore", multiple=True, metavar="CHECK", help="NeMo Gym's health-check filter: refused."
+)
+@click.option(
     "--split", default=None, help="NeMo Gym's dataset split: refused (pass the split's JSONL as --input)."
 )
 @click.option(
@@ -294,6 +309,8 @@ NOT_WITH_BLEND = {
     "allow_stack_change": f"{_NOT_WITH} step-wise runs check their steps, not their stack",
     "quarantine_rate": f"{_NOT_WITH} every step keeps each environment's quota",
     "quarantine_min": f"{_NOT_WITH} every step keeps each environment's quota",
+    "interleave_repeats": f"{_NOT_WITH} each step sends its prompts' responses together",
+    "disable_aggregation": f"{_NOT_WITH} step-wise runs always write their metrics file",
 }
 """Options of ``gym eval run`` that only mean something for ``--input``, and why."""
 BLEND_ONLY = {name: "only applies with --blend SPEC" for name in ("steps", "start_step", "step_timeout_s")}
@@ -303,6 +320,12 @@ NEMO_GYM_ONLY = {
     "with --input",
     "prompt_config": "cannot be honoured: polygym does not render prompt templates; pass rows that "
     "hold their prompts",
+    **dict.fromkeys(
+        ("no_health_check", "health_check_workers", "health_check_ignore"),
+        "cannot be honoured: polygym runs no post-run health check to skip or tune; it watches rollout "
+        "health as results arrive (health/* metrics; --quarantine-rate 1 never quarantines) and "
+        "gym eval health-check reports on a finished run",
+    ),
 }
 """NeMo Gym's ``gym eval run`` flags that polygym accepts only to refuse by name (exit 2)."""
 
@@ -313,6 +336,8 @@ _ROW_OPTION_PARAM = {
     "--input": "input_path",
     "--output": "output_path",
     "--concurrency": "concurrency",
+    "--interleave-repeats": "interleave_repeats",
+    "--disable-aggregation": "disable_aggregation",
 }
 
 
@@ -365,6 +390,10 @@ def _take_row_options(ctx: click.Context, opts: dict[str, Any], row: RowOverride
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 problems.append(f"override '{text}': limit must be a whole number of at least 1")
             opts[name] = value
+        elif name in ("interleave_repeats", "disable_aggregation"):
+            if not isinstance(value, bool):
+                problems.append(f"override '{text}': {name} must be true or false")
+            opts[name] = value is True
         elif name in ("input_path", "output_path"):
             opts[name] = Path(str(value))
         else:
@@ -408,6 +437,8 @@ class EvalRunSettings:
     steps: int | None = None
     start_step: int = 0
     step_timeout_s: float | None = None
+    aggregate: bool = True
+    """Write the aggregate metrics file (``--disable-aggregation``: no)."""
 
     @classmethod
     def from_options(cls, opts: dict[str, Any]) -> EvalRunSettings:
@@ -421,7 +452,9 @@ class EvalRunSettings:
             raise click.BadParameter(problem, param_hint=hint)
         return cls(
             output=opts["output_path"],
-            materialization=Materialization(repeats or 1, repeats_by_agent, sampling, opts["seed"]),
+            materialization=Materialization(
+                repeats or 1, repeats_by_agent, sampling, opts["seed"], opts["interleave_repeats"]
+            ),
             limits=Limits(concurrency or DEFAULT_CONCURRENCY, per_agent, opts["timeout_s"]),
             resume=opts["resume"],
             overwrite=opts["overwrite"],
@@ -437,6 +470,7 @@ class EvalRunSettings:
             steps=opts["steps"],
             start_step=opts["start_step"],
             step_timeout_s=opts["step_timeout_s"],
+            aggregate=not opts["disable_aggregation"],
         )
 
     def step_settings(self) -> StepSettings:
@@ -523,13 +557,14 @@ async def _collect(
         settings.allow_stack_change,
         health,
         HealthMonitor(settings.quarantine_rate, settings.quarantine_min),
+        settings.aggregate,
     )
     try:
         summary = await until_interrupted(work)
     except Interrupted:
         _print_interrupted(files)
         return EXIT_INTERRUPTED
-    _print_summary(files, summary)
+    _print_summary(files, summary, settings.aggregate)
     if health is not None and (status := report_deaths(health, summary)) is not None:
         return status
     if summary.health.quarantined:
@@ -560,8 +595,24 @@ def _print_interrupted(files: RunFiles) -> None:
     err.print("resume with:", escape(resume_command()))
 
 
-def _print_summary(files: RunFiles, summary: RunSummary) -> None:
+def _print_summary(files: RunFiles, summary: RunSummary, aggregate: bool) -> None:
     out = console()
+    if aggregate:
+        _print_metrics(files)
+    failed = ", ".join(f"{k}: {v}" for k, v in summary.failures_by_class.items())
+    written = files.all() if aggregate else files.jsonl_files()
+    out.print(
+        f"{summary.succeeded} rollouts collected, {summary.skipped} already done, {summary.failed} failed"
+        + (f" ({failed})" if failed else "")
+        + f". Files: {', '.join(str(p) for p in written)}"
+    )
+    if summary.failed:
+        out.print(
+            f"failed rollouts are listed in {files.failures}; rerun them with: {escape(resume_command())}"
+        )
+
+
+def _print_metrics(files: RunFiles) -> None:
     entries = orjson.loads(files.metrics.read_bytes())
     table = Table(title="per-environment metrics", title_justify="left")
     for column in ("agent", "rollouts", "failures", "mean reward", "pass@1", "p50 latency s"):
@@ -576,17 +627,7 @@ def _print_summary(files: RunFiles, summary: RunSummary) -> None:
             _num(m.get("pass@1")),
             _num(m.get("latency/p50_s")),
         )
-    out.print(table)
-    failed = ", ".join(f"{k}: {v}" for k, v in summary.failures_by_class.items())
-    out.print(
-        f"{summary.succeeded} rollouts collected, {summary.skipped} already done, {summary.failed} failed"
-        + (f" ({failed})" if failed else "")
-        + f". Files: {', '.join(str(p) for p in files.all())}"
-    )
-    if summary.failed:
-        out.print(
-            f"failed rollouts are listed in {files.failures}; rerun them with: {escape(resume_command())}"
-        )
+    console().print(table)
 
 
 def _num(value: Any) -> str:

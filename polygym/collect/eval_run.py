@@ -7,6 +7,7 @@ The run is interruptible at any point: results are written as they arrive, so ca
 from __future__ import annotations
 
 import statistics
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -70,16 +71,33 @@ def latency_metrics(latencies: list[float]) -> dict[str, float]:
     return out
 
 
+METRICS_FALLBACK = "metrics_fallback"
+"""Key of an entry whose environment gave no metrics: why, and that polygym's generic ones stand in
+(absent when the environment's own ``/aggregate_metrics`` answered)."""
+
+
 async def _agent_metrics(client: ServerClient, agent: str, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The environment's own metrics when its agent answers, polygym's generic ones otherwise."""
+    """The environment's own metrics when its agent answers, polygym's generic ones otherwise.
+
+    The rollouts go as ``verify_responses``, NeMo Gym's key: NeMo Gym's servers require it (422
+    without it) and polygym's accept it as well. A fallback is never silent: it prints a warning
+    naming the agent and the error and marks the entry, since the environment's own metrics
+    (its pass rates, judge scores, ...) are then missing from the file.
+    """
     try:
-        reply = await client.call(agent, "/aggregate_metrics", {"rollouts": rollouts}, timeout_s=120.0)
+        body = {"verify_responses": rollouts}
+        reply = await client.call(agent, "/aggregate_metrics", body, timeout_s=120.0)
         data = reply.json()
-        if isinstance(data, dict) and "agent_metrics" in data:
+        if isinstance(data, dict) and isinstance(data.get("agent_metrics"), dict):
             return data
-    except ServerCallError:
-        pass
-    return metrics.aggregate(rollouts)
+        error = f"unexpected reply {str(data)[:200]!r}"
+    except ServerCallError as exc:
+        error = str(exc)
+    print(
+        f"warning: {agent}: /aggregate_metrics failed ({error}); wrote polygym's generic metrics instead",
+        file=sys.stderr,
+    )
+    return {**metrics.aggregate(rollouts), METRICS_FALLBACK: {"metrics": "polygym_generic", "error": error}}
 
 
 async def write_aggregate_metrics(
@@ -101,6 +119,7 @@ async def write_aggregate_metrics(
         block = (
             await _agent_metrics(client, agent, by_agent[agent]) if by_agent[agent] else metrics.aggregate([])
         )
+        block["agent_metrics"].setdefault("num_rollouts", len(by_agent[agent]))  # NeMo Gym's lack it
         block["agent_metrics"]["num_failures"] = failures[agent]
         block["agent_metrics"].update(latency_metrics(summary.latencies.get(agent, [])))
         block["agent_metrics"].update(health.metrics(agent))
@@ -121,6 +140,7 @@ async def run_eval(
     allow_stack_change: bool = False,
     health: StackHealth | None = None,
     monitor: HealthMonitor | None = None,
+    aggregate: bool = True,
 ) -> RunSummary:
     """Collect every job not yet done into ``files``; cancellation leaves a resumable run.
 
@@ -129,6 +149,7 @@ async def run_eval(
     expanded one at a time: each is appended to the materialized inputs as it is dispatched, so
     neither memory nor that file grows before the rollouts do. ``monitor`` watches every result's
     health and quarantines an environment past its thresholds (``summary.health.quarantined``).
+    ``aggregate=False`` writes no metrics file (NeMo Gym's ``--disable-aggregation``).
     """
     plan = jobs if isinstance(jobs, JobPlan) else JobPlan.from_jobs(jobs)
     with RunLock(files):
@@ -154,7 +175,8 @@ async def run_eval(
             except BaseException:
                 summary.interrupted = True
                 raise
-        await write_aggregate_metrics(files, client, summary)
+        if aggregate:
+            await write_aggregate_metrics(files, client, summary)
     return summary
 
 

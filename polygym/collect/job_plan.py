@@ -37,6 +37,10 @@ class Materialization:
     repeats_by_agent: dict[str, int] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)
     seed: int | None = None
+    interleave: bool = False
+    """Send the repeats round by round (abcabc), not each row's back to back (aabbcc): NeMo Gym's
+    ``--interleave-repeats``, which spreads a heavy task's rollouts over the run. Task and rollout
+    indices are the same either way; only the order in which jobs are sent (and written) changes."""
 
     def __post_init__(self) -> None:
         for who, count in [("num_repeats", self.num_repeats), *self.repeats_by_agent.items()]:
@@ -67,11 +71,16 @@ class JobPlan:
     """Every job of a run, in order, without holding more than one of them at a time."""
 
     def __init__(
-        self, rows: list[PlannedRow], sampling: Mapping[str, Any] | None = None, seed: int | None = None
+        self,
+        rows: list[PlannedRow],
+        sampling: Mapping[str, Any] | None = None,
+        seed: int | None = None,
+        interleave: bool = False,
     ) -> None:
         self.rows = rows
         self.sampling = dict(sampling or {})
         self.seed = seed
+        self.interleave = interleave
         self._tasks: dict[int, tuple[str, int]] = {}
         for row in rows:
             agent, rollouts = self._tasks.get(row.task, (row.agent, 0))
@@ -89,7 +98,7 @@ class JobPlan:
             repeats = options.repeats(agent)
             next_rollout[task] = first + repeats
             rows.append(PlannedRow(data, agent, task, first, repeats))
-        return cls(rows, options.sampling, options.seed)
+        return cls(rows, options.sampling, options.seed, options.interleave)
 
     @classmethod
     def from_jobs(cls, jobs: Iterable[Job]) -> JobPlan:
@@ -97,9 +106,22 @@ class JobPlan:
         return cls([PlannedRow(job.row, job.agent, job.task_index, job.rollout_index, 1) for job in jobs])
 
     def __iter__(self) -> Iterator[Job]:
-        for row in self.rows:
-            for rollout in range(row.first_rollout, row.first_rollout + row.repeats):
-                yield make_job(row.data, row.agent, row.task, rollout, self.sampling, self.seed)
+        for row, rollout in self._order():
+            yield make_job(row.data, row.agent, row.task, rollout, self.sampling, self.seed)
+
+    def _order(self) -> Iterator[tuple[PlannedRow, int]]:
+        """Each row's rollouts back to back, or with ``interleave`` by rollout index, rows in plan
+        order within each index (a stable sort of the back-to-back order by rollout index)."""
+        if not self.interleave:
+            for row in self.rows:
+                for rollout in range(row.first_rollout, row.first_rollout + row.repeats):
+                    yield row, rollout
+            return
+        last = max((row.first_rollout + row.repeats for row in self.rows), default=0)
+        for rollout in range(last):
+            for row in self.rows:
+                if row.first_rollout <= rollout < row.first_rollout + row.repeats:
+                    yield row, rollout
 
     def __len__(self) -> int:
         return sum(row.repeats for row in self.rows)
@@ -125,7 +147,8 @@ class JobPlan:
     def fingerprint(self) -> str:
         """A digest of every job the plan yields, computed from the rows and options (not the jobs)."""
         digest = hashlib.sha256()
-        digest.update(orjson.dumps([self.sampling, self.seed], option=orjson.OPT_SORT_KEYS))
+        header: list[Any] = [self.sampling, self.seed, *(["interleave"] if self.interleave else [])]
+        digest.update(orjson.dumps(header, option=orjson.OPT_SORT_KEYS))
         for row in self.rows:
             entry = [row.data, row.agent, row.task, row.first_rollout, row.repeats]
             digest.update(orjson.dumps(entry, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))

@@ -24,6 +24,8 @@ OPTION_OF: dict[str, str] = {
     "input_jsonl_fpath": "--input",
     "output_jsonl_fpath": "--output",
     "num_samples_in_parallel": "--concurrency",
+    "interleave_repeats": "--interleave-repeats",
+    "disable_aggregation": "--disable-aggregation",
 }
 """NeMo Gym's collection key -> the ``gym eval run`` option that does the same."""
 
@@ -31,7 +33,6 @@ UNSUPPORTED: dict[str, str] = {
     "split": "polygym does not prepare datasets by split; pass the split's JSONL with --input",
     "prompt_config": "polygym does not render prompt templates; pass rows that hold their prompts",
     "resume_from_cache": "use --resume (it continues from the output file)",
-    "interleave_repeats": "polygym schedules repeats itself",
 }
 """Collection keys NeMo Gym reads that polygym cannot honour, and what to do instead."""
 

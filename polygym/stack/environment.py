@@ -32,6 +32,7 @@ from polygym.servers.resources import ResourcesServer
 from polygym.stack import catalog
 from polygym.stack.config import ConfigError, ServerSpec, StackConfig, load_config
 from polygym.stack.loader import build_server, server_class
+from polygym.stack.nemo_gym_server import is_nemo_gym_server
 
 STUB_MODEL = "scripted_model"
 """Stands in for model servers that agents reference but the environment's config leaves out."""
@@ -301,24 +302,34 @@ def _reward_range(spec: ServerSpec, cls: type) -> tuple[float, float]:
 
 
 def describe_environment(name: str) -> dict[str, Any]:
-    """Name, domain, description, tools and datasets of one environment (``gym list environments``)."""
+    """Name, domain, description, tools and datasets of one environment (``gym list environments``).
+
+    A NeMo Gym server is described from its config alone (``nemo_gym: true``, no tools): importing
+    its app needs its own Python environment, and its tools are only known to the running server.
+    """
     info: dict[str, Any] = {"name": name, "domain": "", "description": "", "tools": [], "datasets": []}
     try:
         env = load_environment(name)
+        if is_nemo_gym_server(env.resources):
+            return {**info, **_config_info(env), "nemo_gym": True}
         cls = env.server_class  # an app.py that does not import makes the environment broken
     except ConfigError as exc:
         return {**info, "error": "; ".join(exc.problems)}
     except Exception as exc:
         return {**info, "error": f"{type(exc).__name__}: {exc}"}
-    info.update(
-        domain=str(env.resources.config.get("domain") or "other"),
-        description=str(env.resources.config.get("description") or ""),
-        directory=str(env.directory),
-        config=str(env.config_path),
-        datasets=[d.to_dict() for d in env.datasets()],
-    )
+    info.update(_config_info(env))
     try:
         info["tools"] = [t["name"] for t in cls.tool_schemas()]
     except Exception as exc:
         info["error"] = f"tool schemas: {type(exc).__name__}: {exc}"
     return info
+
+
+def _config_info(env: Environment) -> dict[str, Any]:
+    return {
+        "domain": str(env.resources.config.get("domain") or "other"),
+        "description": str(env.resources.config.get("description") or ""),
+        "directory": str(env.directory),
+        "config": str(env.config_path),
+        "datasets": [d.to_dict() for d in env.datasets()],
+    }

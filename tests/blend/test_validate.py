@@ -36,3 +36,34 @@ def test_validate_files_counts_per_environment() -> None:
     assert stats[ENVS[1]]["tools"] == ["extract_synonym_values", "get_synonym_value"]
     assert stats[ENVS[0]]["turns"] == {"min": 2, "mean": 2.0, "max": 2}
     assert stats[ENVS[0]]["est_tokens"]["min"] > 0
+
+
+def test_a_nemo_gym_environment_is_not_imported_its_rows_get_the_generic_checks(
+    fake_nemo_gym_env: dict[str, str], tmp_path: Path
+) -> None:
+    good = {"responses_create_params": {"input": []}, "agent_ref": fake_nemo_gym_env, "any_field": 1}
+    lines = [orjson.dumps(good).decode(), orjson.dumps({"agent_ref": fake_nemo_gym_env}).decode()]
+    data = write(tmp_path / "rows.jsonl", "\n".join(lines) + "\n")
+    report = validate_files([data], ["ng_env"])
+    assert report.problems == [f"{data}:2: responses_create_params: missing"]
+    assert report.notes == [
+        "ng_env_simple_agent: ng_env is a NeMo Gym server: its rows got the generic checks only "
+        "(responses_create_params, agent_ref); its own row schema is checked by the server at run time"
+    ]
+
+
+def test_a_named_environment_whose_config_does_not_load_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not "unknown environment": only the named environments are loaded, and this one is broken."""
+    folder = tmp_path / "resources_servers" / "zz_bad_config"
+    (folder / "configs").mkdir(parents=True)
+    (folder / "configs" / "zz_bad_config.yaml").write_text(
+        "config_paths: [no/such/file.yaml]\n"
+        "zz_bad_config:\n  resources_servers:\n    zz_bad_config:\n      key: 1\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    data = write(tmp_path / "rows.jsonl", '{"responses_create_params": {"input": "hi"}}\n')
+    problem = validate_files([data], ["zz_bad_config"]).problems[0]
+    assert problem.startswith("--env zz_bad_config: its config does not load:")
+    assert "config_paths entry 'no/such/file.yaml' not found" in problem

@@ -43,6 +43,12 @@ def test_input_options_are_refused_with_blend(tmp_path: Path, spec: Path, option
     assert not (tmp_path / "o.jsonl").exists()
 
 
+@pytest.mark.parametrize("flag", ["--interleave-repeats", "--disable-aggregation"])
+def test_nemo_gym_collection_flags_are_refused_with_blend(tmp_path: Path, spec: Path, flag: str) -> None:
+    result = eval_run("--blend", str(spec), "--steps", "1", "--output", str(tmp_path / "o.jsonl"), flag)
+    assert result.exit_code == 2 and f"{flag} does not apply with --blend" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("option", "value"), [("--steps", "1"), ("--start-step", "0"), ("--step-timeout", "5")]
 )

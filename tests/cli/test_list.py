@@ -78,6 +78,14 @@ def test_a_broken_environment_is_listed_with_its_error(
     assert listed["example_single_tool_call"]["tools"] == ["get_weather"]  # the others still load
 
 
+def test_a_nemo_gym_environment_is_listed_from_its_config_without_importing_it(
+    fake_nemo_gym_env: dict[str, str],
+) -> None:
+    info = describe_environment("ng_env")
+    assert "error" not in info, info["error"]
+    assert info["nemo_gym"] is True and info["domain"] == "math" and info["tools"] == []
+
+
 def test_list_suggests_the_closest_command() -> None:
     result = CliRunner().invoke(gym, ["list", "enviroments"])
     assert result.exit_code == 2

@@ -9,6 +9,7 @@ from click.testing import CliRunner, Result
 
 from polygym.cli import gym
 from polygym.collect.row_overrides import split_overrides
+from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl
 from polygym.stack.catalog import project_root
 from tests.conftest import TWO_ENV_SPEC
@@ -83,6 +84,13 @@ def test_output_as_override(tmp_path: Path, ten_rows: Path) -> None:
         (("+responses_create_params.temperature=9",), "responses_create_params.temperature"),
         (("+responses_create_params.a.b=1",), "only top-level responses_create_params fields"),
         (("+no_such_setting=1",), "no_such_setting"),
+        (("--no-health-check",), "--no-health-check cannot be honoured"),
+        (("--health-check-workers", "2"), "--health-check-workers cannot be honoured"),
+        (("--health-check-ignore", "x"), "--health-check-ignore cannot be honoured"),
+        (("--benchmark", "aime24"), "--benchmark cannot be honoured"),
+        (("--environment", "calendar"), "--environment cannot be honoured"),
+        (("--agent-type", "simple_agent"), "--agent-type cannot be honoured"),
+        (("+interleave_repeats=maybe",), "interleave_repeats must be true or false"),
     ],
 )
 def test_what_cannot_be_honoured_exits_2_naming_it(
@@ -93,6 +101,43 @@ def test_what_cannot_be_honoured_exits_2_naming_it(
     assert result.exit_code == 2, result.output
     assert named in result.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", [("--interleave-repeats",), ("+interleave_repeats=true",)])
+def test_interleave_repeats_sends_repeats_round_by_round(
+    tmp_path: Path, ten_rows: Path, flag: tuple[str, ...]
+) -> None:
+    """NeMo Gym's abcabc order: the materialized inputs are written in the order jobs are sent (the
+    five rows twice: five tasks of four rollouts each)."""
+    out = tmp_path / "out.jsonl"
+    result = eval_run(*ENV, "-i", str(ten_rows), "-o", str(out), "--num-repeats", "2", *flag)
+    assert result.exit_code == 0, result.output
+    sent = [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in iter_jsonl(RunFiles(out).materialized)]
+    assert sent == [(task, rollout) for rollout in range(4) for task in range(5)]
+    assert len(list(iter_jsonl(out))) == 20
+
+
+@pytest.mark.parametrize("flag", [("--disable-aggregation",), ("+disable_aggregation=true",)])
+def test_disable_aggregation_writes_no_metrics_file(
+    tmp_path: Path, ten_rows: Path, flag: tuple[str, ...]
+) -> None:
+    out = tmp_path / "out.jsonl"
+    result = eval_run(*ENV, "-i", str(ten_rows), "-o", str(out), *flag)
+    assert result.exit_code == 0, result.output
+    assert len(list(iter_jsonl(out))) == 10
+    assert not RunFiles(out).metrics.exists()
+    assert "_aggregate_metrics.json" not in result.stdout
+
+
+def test_allow_unsupported_pairing_and_search_dir_are_taken(tmp_path: Path, ten_rows: Path) -> None:
+    """polygym never refuses a pairing, which is all the first allows; --search-dir is --nemo-gym-root."""
+    out = tmp_path / "out.jsonl"
+    flags = ("--allow-unsupported-pairing", "--search-dir", str(tmp_path))
+    result = eval_run(*ENV, "-i", str(ten_rows), "-o", str(out), "--limit", "1", *flags)
+    assert result.exit_code == 0, result.output
+    assert len(list(iter_jsonl(out))) == 1
+    result = eval_run(*ENV, "-i", str(ten_rows), "-o", str(out), "--search-dir", str(tmp_path / "none"))
+    assert result.exit_code == 2 and "not a directory" in result.output
 
 
 def test_row_override_that_blend_does_not_use_exits_2(tmp_path: Path) -> None:

@@ -11,13 +11,15 @@ from click.testing import CliRunner
 
 from polygym import __version__
 from polygym.cli import gym
-from polygym.cli.aliases import ALIASES, main
+from polygym.cli.aliases import ALIASES, NOT_PROVIDED_SCRIPTS, main
+from polygym.cli.nemo_gym_commands import LEGACY_NOT_PROVIDED, NOT_PROVIDED
 from polygym.stack.catalog import project_root
 
 
 def test_every_alias_is_a_console_script_and_names_a_gym_command() -> None:
     scripts = tomllib.loads((project_root() / "pyproject.toml").read_text())["project"]["scripts"]
-    assert {name for name, target in scripts.items() if target == "polygym.cli.aliases:main"} == set(ALIASES)
+    aliased = {name for name, target in scripts.items() if target == "polygym.cli.aliases:main"}
+    assert aliased == set(ALIASES) | set(NOT_PROVIDED_SCRIPTS)
     for words in ALIASES.values():
         commands = [word for word in words if not word.startswith("-")]
         group = gym
@@ -41,6 +43,35 @@ def test_unknown_alias_exits_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
     with pytest.raises(SystemExit) as exited:
         main()
     assert exited.value.code == 2 and "ng_nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("alias", NOT_PROVIDED_SCRIPTS)
+def test_an_ng_script_polygym_lacks_says_what_to_use_instead(
+    alias: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", [f"/usr/bin/{alias}", "+input_jsonl_fpath=x.jsonl"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        exited.value.code == 2 and f"'{alias}' is NeMo Gym's" in err and "polygym does not provide it" in err
+    )
+    if alias in LEGACY_NOT_PROVIDED:
+        assert NOT_PROVIDED[LEGACY_NOT_PROVIDED[alias]] in err
+
+
+@pytest.mark.parametrize("command", sorted(NOT_PROVIDED))
+def test_a_nemo_gym_command_polygym_lacks_exits_2_saying_what_to_use_instead(command: str) -> None:
+    result = CliRunner().invoke(gym, [*command.split(), "--some-flag"])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert f"'gym {command}' is NeMo Gym's; polygym does not provide it: {NOT_PROVIDED[command]}" in text
+
+
+def test_the_commands_polygym_lacks_are_not_polygym_commands() -> None:
+    for command in NOT_PROVIDED:
+        group, *rest = command.split()
+        assert group not in gym.commands or rest[0] not in gym.commands[group].commands  # type: ignore[attr-defined]
 
 
 def test_model_flags_set_the_policy_globals(tmp_path: Path) -> None:

@@ -135,6 +135,18 @@ def expected_tool_results(env: str, row: dict[str, Any]) -> list[Any]:
     return []
 
 
+def collect_cases(cwd: Path, *args: str) -> dict[str, dict[str, Any]]:
+    """`gym eval run ARGS` (``--output`` among them) in ``cwd``, which must succeed with no failed
+    rollout; its rollouts by case."""
+    run = subprocess.run(
+        gym_command("eval", "run", *args), cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    files = RunFiles(cwd / args[args.index("--output") + 1])
+    assert list(iter_jsonl(files.failures)) == []
+    return {row["nemo_gym_case"]: row for row in iter_jsonl(files.output)}
+
+
 @pytest.fixture(scope="module")
 def wheel() -> Path:
     return nemo_gym_wheel()
@@ -174,20 +186,11 @@ def test_every_row_gets_nemo_gyms_reward(wheel: Path, tmp_path: Path) -> None:
     # with five servers starting, 20 s is not always enough, and a timeout would read as a 0.
     (tmp_path / "slow.yaml").write_text(RELAXED_SCORE_TIMEOUT)
     selectors = [flag for env in SHARED for flag in ("--resources-server", env)]
-    run = subprocess.run(
-        gym_command(
-            *("eval", "run", "--model-type", "scripted_model", *selectors),
-            *("--config", "slow.yaml", "--input", "in.jsonl", "--output", "out.jsonl"),
-        ),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    results = collect_cases(
+        tmp_path,
+        *("--model-type", "scripted_model", *selectors, "--config", "slow.yaml"),
+        *("--input", "in.jsonl", "--output", "out.jsonl"),
     )
-    assert run.returncode == 0, run.stderr
-    files = RunFiles(tmp_path / "out.jsonl")
-    assert list(iter_jsonl(files.failures)) == []
-    results = {row["nemo_gym_case"]: row for row in iter_jsonl(files.output)}
     rewards = {case: row["reward"] for case, row in results.items()}
     expected = {row["nemo_gym_case"]: 1.0 if row["nemo_gym_case"].endswith("right") else 0.0 for row in rows}
     mismatches = {
@@ -204,3 +207,33 @@ def test_every_row_gets_nemo_gyms_reward(wheel: Path, tmp_path: Path) -> None:
         row.get("score_status") for case, row in results.items() if case.startswith("reasoning_gym/")
     } == {"ok"}
     assert len(rewards) == 2 * 5 * len(SHARED)  # every shipped row, accepted and scored
+
+
+def test_the_readmes_two_environment_flow_with_nemo_gyms_data_files(
+    wheel: Path, tmp_path: Path, start_stack: Any
+) -> None:
+    """The README's flow (`gym env start` both examples, rows stamped with their agent as its jq
+    lines do, `gym eval run --no-serve`) fed with NeMo Gym's own example.jsonl files: 10 rollouts,
+    none failed, each with the tool results and reward NeMo Gym's servers give the right play."""
+    flow = ("example_single_tool_call", "example_multi_step")
+    start_stack(
+        "--model-type", "scripted_model", *(flag for env in flow for flag in ("--resources-server", env))
+    )
+    rows = [
+        scripted(env, index, row, "right", POLICIES[env](row)[0])
+        for env in flow
+        for index, row in enumerate(nemo_gym_rows(wheel, env))
+    ]
+    write_jsonl(rows, tmp_path / "results" / "test_multiverifier_input.jsonl")
+    results = collect_cases(
+        tmp_path,
+        *("--no-serve", "--input", "results/test_multiverifier_input.jsonl"),
+        *("--output", "results/test_multiverifier_outputs.jsonl"),
+    )
+    assert len(results) == 10
+    assert {case: row["reward"] for case, row in results.items()} == {
+        row["nemo_gym_case"]: 1.0 for row in rows
+    }
+    for row in rows:
+        case = row["nemo_gym_case"]
+        assert tool_results(results[case]) == expected_tool_results(case.split("/")[0], row), case

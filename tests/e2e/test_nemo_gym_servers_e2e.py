@@ -33,13 +33,14 @@ from typing import Any
 
 import pytest
 
+from polygym.collect.eval_run import METRICS_FALLBACK
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.env_build import CACHE_ENV_VAR, PYTHON_ENV_VAR, ensure_env
 from polygym.stack.nemo_gym_server import env_inputs, is_nemo_gym_server
-from tests.conftest import gym_command
+from tests.conftest import gym_command, run_gym
 from tests.nemo_gym_wheel import NEMO_GYM_PYTHON, env_cache, nemo_gym_tree
 
 Turns = list[dict[str, Any]]
@@ -252,6 +253,19 @@ def run_eval(cwd: Path, *args: str) -> dict[str, dict[str, Any]]:
     return {row["responses_create_params"]["metadata"]["case"]: row for row in iter_jsonl(files.output)}
 
 
+def assert_environment_metrics(cwd: Path, agents: set[str]) -> None:
+    """Each agent's entry holds its NeMo Gym environment's own metrics (NeMo Gym's reward
+    profile: per-task ``reward_profile_completion_pct``, ``perf_summary``), not polygym's generic
+    stand-in, which a failed ``/aggregate_metrics`` call would leave (marked ``metrics_fallback``)."""
+    entries = {e["agent_ref"]["name"]: e for e in json.loads(RunFiles(cwd / "out.jsonl").metrics.read_text())}
+    assert set(entries) == agents
+    for entry in entries.values():
+        assert METRICS_FALLBACK not in entry
+        assert "perf_summary" in entry
+        assert all("reward_profile_completion_pct" in task for task in entry["group_level_metrics"])
+        assert entry["agent_metrics"]["mean/reward"] == 0.5
+
+
 def expected_rewards(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {row["nemo_gym_case"]: 1.0 if row["nemo_gym_case"].endswith("right") else 0.0 for row in rows}
 
@@ -274,6 +288,7 @@ def test_nemo_gym_environments_run_unchanged_under_eval_run(
         *("--resources-server", "calendar", "--config", str(config), *marks),
     )
     assert {case: row["reward"] for case, row in results.items()} == expected_rewards(rows)
+    assert_environment_metrics(tmp_path, {agent for agent, _ in ENVIRONMENTS.values()})
     right = results["math_advanced_calculations/0/right"]["response"]["output"]
     outputs = [json.loads(item["output"]) for item in right if item["type"] == "function_call_output"]
     assert outputs == [
@@ -317,3 +332,52 @@ def test_gym_env_start_serves_a_nemo_gym_environment(
     assert stack.wait(60) == 1
     assert "NeMo Gym server 'math_advanced_calculations'" in stack.output()
     assert "killed by signal 9" in stack.output()
+
+
+def test_gym_data_validate_checks_a_nemo_gym_environments_rows_without_importing_it(
+    nemo_root: Path, tmp_path: Path
+) -> None:
+    """polygym's process has no fastapi nor nemo_gym: the rows get the generic checks, and the
+    report says the server checks its own schema when it runs."""
+    rows = nemo_root / "resources_servers/math_advanced_calculations/data/example.jsonl"
+    done = run_gym("data", "validate", "--env", "math_advanced_calculations", str(rows), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "5 rows checked: no problems" in done.stdout
+    assert "is a NeMo Gym server: its rows got the generic checks only" in " ".join(done.stdout.split())
+    broken = tmp_path / "broken.jsonl"
+    write_jsonl(
+        [{"agent_ref": {"type": "responses_api_agents", "name": "math_advanced_calculations_simple_agent"}}],
+        broken,
+    )
+    done = run_gym("data", "validate", str(broken), cwd=tmp_path)
+    assert done.returncode == 1 and "responses_create_params" in done.stderr
+
+
+def test_a_blend_with_a_nemo_gym_environment_runs_stepwise(nemo_root: Path, tmp_path: Path) -> None:
+    agent, play = ENVIRONMENTS["math_advanced_calculations"]
+    right = [
+        row
+        for row in cases(nemo_root, {"math_advanced_calculations": (agent, play)})
+        if "right" in row["nemo_gym_case"]
+    ]
+    write_jsonl(right, tmp_path / "math.jsonl")
+    (tmp_path / "spec.yaml").write_text(
+        "environments:\n"
+        "  - name: math_advanced_calculations\n    train: math.jsonl\n"
+        "  - name: example_single_tool_call\n"
+        "prompts_per_step: 4\nresponses_per_prompt: 1\nseed: 3\n"
+    )
+    done = run_gym(
+        *("eval", "run", "--blend", "spec.yaml", "--steps", "1", "--model-type", "scripted_model"),
+        f"++{agent}.responses_api_agents.simple_agent.max_steps=40",
+        *("--output", "out.jsonl"),
+        cwd=tmp_path,
+        timeout=BUILD_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = RunFiles(tmp_path / "out.jsonl")
+    assert list(iter_jsonl(files.failures)) == []
+    rewards = {(row["agent_ref"]["name"], row["reward"]) for row in iter_jsonl(files.output)}
+    assert rewards == {(agent, 1.0), ("example_single_tool_call_simple_agent", 1.0)}
+    entries = {e["agent_ref"]["name"]: e for e in json.loads(files.metrics.read_text())}
+    assert METRICS_FALLBACK not in entries[agent]

@@ -1,0 +1,64 @@
+"""``X_aggregate_metrics.json``: the environment's own metrics over NeMo Gym's wire, and a visible
+fallback to polygym's generic ones when the environment gives none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+import pytest
+
+from polygym.collect.eval_run import METRICS_FALLBACK, RunSummary, write_aggregate_metrics
+from polygym.collect.run_files import RunFiles
+from polygym.jsonl import write_jsonl
+from polygym.net.client import Reply, ServerCallError, ServerClient
+
+AGENT = "env_agent"
+
+
+class NemoGymLikeAgent:
+    """Answers ``/aggregate_metrics`` as a NeMo Gym server does: 422 without ``verify_responses``."""
+
+    def __init__(self, down: bool = False) -> None:
+        self.down = down
+        self.bodies: list[dict[str, Any]] = []
+
+    async def call(self, name: str, path: str, body: dict[str, Any], **_: Any) -> Reply:
+        self.bodies.append(body)
+        if self.down or "verify_responses" not in body:
+            raise ServerCallError(name, "verify_responses Field required", status=422)
+        own = {"agent_metrics": {"env_score": 0.5}, "key_metrics": {"env_score": 0.5}}
+        return Reply(200, orjson.dumps({**own, "group_level_metrics": []}))
+
+
+def run_files(tmp_path: Path) -> RunFiles:
+    files = RunFiles(tmp_path / "out.jsonl")
+    rows = [{"agent_ref": {"name": AGENT}, "reward": r, "_ng_task_index": i} for i, r in enumerate((1, 0))]
+    write_jsonl(rows, files.output)
+    write_jsonl([], files.failures)
+    return files
+
+
+async def test_the_environments_own_metrics_come_over_nemo_gyms_key(tmp_path: Path) -> None:
+    agent = NemoGymLikeAgent()
+    files = run_files(tmp_path)
+    [entry] = await write_aggregate_metrics(files, cast(ServerClient, agent), RunSummary(total=2, skipped=0))
+    assert [list(body) for body in agent.bodies] == [["verify_responses"]]
+    assert entry["agent_metrics"]["env_score"] == 0.5
+    assert METRICS_FALLBACK not in entry
+    assert orjson.loads(files.metrics.read_bytes()) == [entry]
+
+
+async def test_a_fallback_to_generic_metrics_is_warned_and_marked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = run_files(tmp_path)
+    agent = NemoGymLikeAgent(down=True)
+    [entry] = await write_aggregate_metrics(files, cast(ServerClient, agent), RunSummary(total=2, skipped=0))
+    assert entry["agent_metrics"]["mean/reward"] == 0.5  # polygym's generic metrics stand in
+    assert entry[METRICS_FALLBACK]["metrics"] == "polygym_generic"
+    assert "verify_responses Field required" in entry[METRICS_FALLBACK]["error"]
+    warning = capsys.readouterr().err
+    assert f"warning: {AGENT}: /aggregate_metrics failed" in warning
+    assert "verify_responses Field required" in warning
