@@ -43,9 +43,10 @@ async def run(
     config = load_config(selector_paths(list(ENVS), ["scripted_model"], []), overrides, env_files=[])
     stack = Stack(config, backend="inline", head_port=0, record=False, workers=workers)
     await stack.start()
-    jobs = load_jobs(
-        mixed_input(tmp / "in.jsonl"), AGENTS, options=Materialization(num_repeats=rollouts // 10)
-    )
+    # interleaved (abcabc): the same mix of both environments all run long, so memory over time
+    # compares like with like (row by row, the heavier multi-step rows would all come last)
+    options = Materialization(num_repeats=rollouts // 10, interleave=True)
+    jobs = load_jobs(mixed_input(tmp / "in.jsonl"), AGENTS, options=options)
     # --workers: the copies are other processes, reached over HTTP like any replica set
     client = stack.client or ServerClient(stack.head_url, pool_size=concurrency)
     try:
