@@ -9,9 +9,10 @@ launcher, and servers never learn how they were placed. Rollouts never pass thro
 store; HTTP stays the protocol, and ``ServerClient`` picks a replica per call (``net.replicas``).
 
 Placement comes from each server's config (``stack.placement``): ``replicas``, ``num_cpus``,
-``num_gpus``, custom ``resources`` and ``max_restarts``. Resources-server replicas are spread
-across nodes (``SPREAD``), so one node's loss takes only part of an environment with it; the
-replicas of a server with ``num_gpus`` run in a placement group (``stack.ray_gpu_groups``).
+``num_gpus``, custom ``resources`` and ``max_restarts``. Resources-server replicas take the nodes
+that can hold them in turn (``stack.ray_spread``), so one node's loss takes only part of an
+environment with it; the replicas of a server with ``num_gpus`` run in a placement group
+(``stack.ray_gpu_groups``). A server no node could hold is refused at once, by name.
 
 A replica that dies is named (server, replica, node, the tail of its log), taken out of the
 registry at once (so no new call goes to it), and restarted by Ray up to ``max_restarts`` times;
@@ -68,6 +69,7 @@ from polygym.stack.config import ConfigError, ServerSpec
 from polygym.stack.head import Registry, slot_of
 from polygym.stack.loader import build_server
 from polygym.stack.placement import Placement, placement_of
+from polygym.stack.ray_spread import NodeTurns, placeable_nodes, schedulable
 
 RESTART_POLL_S = 0.2
 CONNECT_TIMEOUT_S = 10.0
@@ -253,6 +255,7 @@ class RayBackend:
         self.replicas: list[Replica] = []
         self.groups: dict[str, PlacementGroup] = {}
         """Each GPU server's placement group (``stack.ray_gpu_groups``), by server name."""
+        self._turns = NodeTurns()
         self._started_ray = False
         self._deaths: asyncio.Queue[ServerFailure] = asyncio.Queue()
         self._watchers: list[asyncio.Task[None]] = []
@@ -272,7 +275,10 @@ class RayBackend:
         log_dir = stacks.logs_dir(stack_id)
         for spec in specs:
             placement = placement_of(spec.name, spec.config, self.replica_overrides.get(spec.name))
+            if spec.kind == RESOURCES_KIND:
+                placement = schedulable(placement)
             group = await self._group_for(spec.name, placement)
+            nodes = placeable_nodes(spec.name, placement)
             for index in range(placement.replicas):
                 actor = host_cls.options(
                     num_cpus=placement.num_cpus,
@@ -280,7 +286,7 @@ class RayBackend:
                     resources=placement.resources or None,
                     max_restarts=placement.max_restarts,
                     max_task_retries=0,
-                    **self._where(spec, group, index),
+                    **self._where(spec, group, index, nodes),
                 ).remote()
                 payload = {
                     "spec": spec_to_dict(spec),
@@ -311,12 +317,16 @@ class RayBackend:
         self.groups[name] = await gpu_groups.reserve(name, placement)
         return self.groups[name]
 
-    @staticmethod
-    def _where(spec: ServerSpec, group: PlacementGroup | None, index: int) -> dict[str, Any]:
-        """Where replica ``index`` runs: its bundle of ``group``; else resources servers spread."""
+    def _where(
+        self, spec: ServerSpec, group: PlacementGroup | None, index: int, nodes: list[str]
+    ) -> dict[str, Any]:
+        """Where replica ``index`` runs: its bundle of ``group``; else a resources server's replicas
+        take ``nodes`` in turn (``stack.ray_spread``), and other servers go where Ray puts them."""
         if group is not None:
             return gpu_groups.in_bundle(group, index)
-        return {"scheduling_strategy": "SPREAD" if spec.kind == RESOURCES_KIND else "DEFAULT"}
+        if spec.kind == RESOURCES_KIND:
+            return self._turns.strategy(nodes)
+        return {"scheduling_strategy": "DEFAULT"}
 
     def _register(self, replica: Replica, place: dict[str, Any]) -> None:
         assert self._registry is not None

@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from polygym.stack.backend import START_TIMEOUT_S, LaunchError
 from polygym.stack.placement import Placement
+from polygym.stack.ray_spread import bundle_of, placeable_nodes
 
 STRATEGY = "PACK"
 
@@ -32,28 +32,11 @@ def needs_group(placement: Placement) -> bool:
     return placement.num_gpus > 0
 
 
-def bundle_of(placement: Placement) -> dict[str, float]:
-    """What one replica reserves (Ray refuses zero amounts in a bundle)."""
-    wanted = {"GPU": placement.num_gpus, "CPU": placement.num_cpus, **placement.resources}
-    return {name: amount for name, amount in wanted.items() if amount > 0}
-
-
-def _largest_node_lacks(bundle: dict[str, float]) -> str | None:
-    """Why no live node could ever hold ``bundle`` (None when one could)."""
-    totals = [node["Resources"] for node in ray.nodes() if node["Alive"]]
-    if any(all(total.get(k, 0) >= v for k, v in bundle.items()) for total in totals):
-        return None
-    best = {k: max((total.get(k, 0) for total in totals), default=0) for k in bundle}
-    return ", ".join(f"{k} {v:g}" for k, v in best.items())
-
-
 async def reserve(name: str, placement: Placement) -> PlacementGroup:
     """One bundle per replica of server ``name``, all reserved; a LaunchError when they cannot be."""
+    placeable_nodes(name, placement)
     bundle = bundle_of(placement)
     asked = f"server '{name}' asks for {placement.replicas} replica(s) of {bundle}"
-    lacks = _largest_node_lacks(bundle)
-    if lacks is not None:
-        raise LaunchError(f"{asked}; no node of the Ray cluster has that much (at most: {lacks})")
     group = placement_group([bundle] * placement.replicas, strategy=STRATEGY, name=f"polygym:{name}")
     try:
         await asyncio.wait_for(group.ready(), START_TIMEOUT_S)

@@ -32,6 +32,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from polygym.stack.ray_backend import connect_cluster  # noqa: E402
+from polygym.stack.ray_spread import TOKEN_CPU  # noqa: E402
 
 NODES = 3
 MULTI = "example_multi_step"
@@ -62,7 +63,7 @@ def every_node_schedulable(sim: Any) -> None:
     assert wait_until(spread_reaches_every_node, 60, interval_s=0.2), ray.nodes()
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=TOKEN_CPU)  # a task that reserves nothing lands on a random node (ray_spread)
 def node_of() -> str:
     return str(ray.get_runtime_context().get_node_id())
 
@@ -106,7 +107,9 @@ async def test_replicas_spread_over_nodes_and_sessions_stay_on_their_replica(clu
     try:
         replicas = replicas_of(stack, MULTI)
         assert [r["replica"] for r in replicas] == [0, 1, 2]
-        assert len({r["node_id"] for r in replicas}) >= 2  # SPREAD: not all on one node
+        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        assert len(alive) == NODES
+        assert {r["node_id"] for r in replicas} == alive  # one replica on each node, every time
         assert len({r["url"] for r in replicas}) == NODES
         pids = [entry["pid"] for entry in stack.servers()]
         # Every row needs its session's state on every call: a call routed to another replica fails.
@@ -263,6 +266,17 @@ async def test_gpus_no_node_has_fail_at_once_naming_the_server(cluster: Any) -> 
     assert "server 'policy_model' asks for 1 replica(s) of {'GPU': 8.0}" in str(failed.value)
     assert "no node of the Ray cluster has that much (at most: GPU" in str(failed.value)
     assert all(g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
+
+
+async def test_cpus_no_node_has_fail_at_once_naming_the_server(cluster: Any) -> None:
+    config = two_env_config()
+    config.servers[MULTI].config["num_cpus"] = 4  # every node has 1
+    began = time.monotonic()
+    with pytest.raises(LaunchError) as failed:
+        await Stack(config, backend="ray", head_port=0, record=False, ray_address=cluster.address).start()
+    assert time.monotonic() - began < 30
+    assert f"server '{MULTI}' asks for 1 replica(s) of {{'CPU': 4.0}}" in str(failed.value)
+    assert "no node of the Ray cluster has that much (at most: CPU 1)" in str(failed.value)
 
 
 def test_the_seed_flow_runs_unchanged_on_ray(cluster: Any, start_stack: Any, tmp_path: Any) -> None:
