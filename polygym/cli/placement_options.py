@@ -1,7 +1,7 @@
 """The options that place a started stack's servers, shared by ``gym env start`` and ``gym eval run``.
 
 ``--ray-address`` and ``--replicas`` only mean something for the Ray backend, ``--workers`` for the
-inline one, and all three for a stack this command starts; given anywhere else they are refused
+inline and Ray ones, and all three for a stack this command starts; given anywhere else they are refused
 (exit 2) instead of silently ignored.
 """
 
@@ -25,9 +25,9 @@ def placement_options(func: F) -> F:
         "--workers",
         default=None,
         metavar="N|auto",
-        help="Run N copies of the whole stack, one process each, and spread rollouts over them "
-        "(auto: one per core this process may use); calls inside a copy stay in-process. "
-        "Inline backend only.",
+        help="Run N copies of the whole stack, one process each (with --backend ray: one Ray actor "
+        "each, spread over the nodes), and spread rollouts over them (auto: one per core this "
+        "process may use); calls inside a copy stay in-process.",
     )(func)
     func = click.option(
         "--replicas",

@@ -19,7 +19,7 @@ pool of every client the stack's servers use to reach each other; with none give
 (``stack_client``), never a fixed number that would cap a collector below its concurrency.
 
 ``--workers N`` runs the inline stack N times, one process each (``WorkersBackend``), for every
-core of one machine without Ray.
+core of one machine without Ray; with ``--backend ray``, N Ray actors each hold such a copy.
 
 A backend implements ``start`` / ``wait_failure`` / ``stop`` (``stack.backend.Backend``); the third one,
 ``ray`` (``stack.ray_backend``, imported only when chosen), places replicas of each server as Ray
@@ -61,9 +61,9 @@ from polygym.stack.backend import (
 from polygym.stack.config import ConfigError, ServerSpec, StackConfig
 from polygym.stack.external import EXTERNAL, external_entries
 from polygym.stack.head import Registry, head_app, slot_of
-from polygym.stack.loader import build_server
+from polygym.stack.loader import serve_in_process
 from polygym.stack.nemo_gym_server import NemoGymServers, is_nemo_gym_server
-from polygym.stack.placement import placement_of
+from polygym.stack.placement import copy_placement, placement_of
 
 DEFAULT_HEAD_PORT = 11000
 SECRET_BYTES = 32
@@ -84,12 +84,7 @@ class InlineBackend:
     ) -> None:
         """Registers every server in process (``registered_by: launcher``): no secret is needed."""
         self.client = stack_client(head_url, self.pool_size)
-        built = [(spec, build_server(spec, self.client)) for spec in specs]
-        for spec, server in built:
-            self.client.add_local(spec.name, server.app, server.dispatch)
-        for spec, server in built:
-            app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
-            await app_server.start()
+        for spec, app_server in await serve_in_process(specs, self.client, "127.0.0.1"):
             self._servers.append((spec.name, app_server))
             entry = RunningServer(
                 spec.name, spec.kind, spec.implementation, app_server.url, os.getpid(), self.pool_size
@@ -296,25 +291,28 @@ def make_backend(
 ) -> Backend:
     """The backend called ``name``; Ray is imported only when it is the one chosen.
 
-    Only the Ray backend places several replicas of a server, and only the inline one runs as
-    ``--workers`` copies: asking another for them is refused here, naming the option or the
+    Only the Ray backend places several replicas of a server, and only the inline and Ray ones
+    run ``--workers`` copies: asking another for them is refused here, naming the option or the
     server, rather than quietly running one copy.
     """
     if name not in BACKENDS:
         raise LaunchError(f"unknown backend '{name}'; choose one of {', '.join(BACKENDS)}")
-    if workers is not None and name != "inline":
-        instead = (
-            "--replicas NAME=N places copies on a Ray cluster" if name == "ray" else "one process per server"
-        )
+    if workers is not None and name == "subprocess":
         raise ConfigError(
-            [f"--workers needs --backend inline (each worker is an inline stack); {name}: {instead}"]
+            [
+                "--workers needs --backend inline or ray (each worker is an inline stack); "
+                "subprocess runs one process per server"
+            ]
         )
     if name == "ray":
         try:
             from polygym.stack.ray_backend import RayBackend
         except ImportError as exc:
             raise ConfigError([f"--backend ray needs Ray: pip install 'polygym[ray]' ({exc})"]) from exc
-        return RayBackend(pool_size, ray_address, replicas, config_address=config.globals.get("ray_address"))
+        if workers is not None:  # refused now, before a cluster starts
+            copy_placement({n: s.config for n, s in config.servers.items() if s.implementation != EXTERNAL})
+        address = config.globals.get("ray_address")
+        return RayBackend(pool_size, ray_address, replicas, config_address=address, copies=workers)
     if ray_address:
         raise ConfigError([f"--ray-address needs --backend ray, not {name}"])
     for spec in config.servers.values():
@@ -351,7 +349,7 @@ class Stack:
     ) -> None:
         """``pool_size``: the stack's concurrency, which sizes its servers' pools (None: no limit);
         ``ray_address`` and ``replicas`` (``--replicas NAME=N``) are for the Ray backend,
-        ``workers`` (``--workers``) for the inline one."""
+        ``workers`` (``--workers``: copies of the whole stack) for the inline and Ray ones."""
         self.config = config
         self.external = [
             entry

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from polygym.net.client import ServerClient
+from polygym.net.listen import AppServer, bind_socket
 from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.servers.agent import Agent
 from polygym.servers.base import BaseServer
@@ -85,3 +86,23 @@ def build_server(spec: ServerSpec, client: ServerClient) -> BaseServer:
         raise ConfigError([f"{spec.name} ({spec.source}): {exc}"]) from exc
     except MissingExtraError as exc:  # says which extra to install
         raise ConfigError([str(exc)]) from exc
+
+
+async def serve_in_process(
+    specs: list[ServerSpec], client: ServerClient, host: str
+) -> list[tuple[ServerSpec, AppServer]]:
+    """Build every server of ``specs`` on ``client``, then serve each on its own socket at ``host``.
+
+    All are built and made local to ``client`` before any serves, so the calls between them stay
+    in-process from the first one: what one inline stack, one ``--workers`` copy and one Ray
+    actor have in common.
+    """
+    built = [(spec, build_server(spec, client)) for spec in specs]
+    for spec, server in built:
+        client.add_local(spec.name, server.app, server.dispatch)
+    served = []
+    for spec, server in built:
+        app_server = AppServer(server.app, bind_socket(host, 0))
+        await app_server.start()
+        served.append((spec, app_server))
+    return served

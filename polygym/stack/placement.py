@@ -71,6 +71,32 @@ def placement_of(name: str, config: Mapping[str, Any], replicas_override: int | 
     )
 
 
+def copy_placement(configs: Mapping[str, Mapping[str, Any]]) -> Placement:
+    """What one copy of the whole stack reserves (``--workers N`` on Ray): the sum of its servers'
+    CPUs and custom resources, by server name. A server asking for GPUs or for several replicas
+    cannot be copied (every copy would need GPUs of its own; a copy holds one replica of each
+    server): a ConfigError naming it, instead of copies that never start."""
+    problems = []
+    cpus = 0.0
+    resources: dict[str, float] = {}
+    for name, config in configs.items():
+        placement = placement_of(name, config)
+        if placement.num_gpus:
+            problems.append(
+                f"server '{name}' asks for num_gpus: --workers copies every server; run it without --workers"
+            )
+        if placement.replicas > 1:
+            problems.append(
+                f"server '{name}' asks for {placement.replicas} replicas: with --workers each copy holds one"
+            )
+        cpus += placement.num_cpus
+        for key, amount in placement.resources.items():
+            resources[key] = resources.get(key, 0.0) + amount
+    if problems:
+        raise ConfigError(problems)
+    return Placement(num_cpus=cpus, resources=resources)
+
+
 def parse_replicas(values: tuple[str, ...] | list[str], known: Mapping[str, Any]) -> dict[str, int]:
     """``--replicas NAME=N`` values; an unknown name or a bad count is a ConfigError naming it."""
     problems: list[str] = []

@@ -42,7 +42,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ from ray._private import ray_constants
 from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup
 
-from polygym.net.listen import AppServer, bind_socket
+from polygym.net.listen import AppServer
 from polygym.protocol import RESOURCES_KIND
 from polygym.stack import ray_gpu_groups as gpu_groups
 from polygym.stack import records as stacks
@@ -67,8 +67,8 @@ from polygym.stack.backend import (
 )
 from polygym.stack.config import ConfigError, ServerSpec
 from polygym.stack.head import Registry, slot_of
-from polygym.stack.loader import build_server
-from polygym.stack.placement import Placement, placement_of
+from polygym.stack.loader import serve_in_process
+from polygym.stack.placement import Placement, copy_placement, placement_of
 from polygym.stack.ray_spread import NodeTurns, placeable_nodes, schedulable
 
 RESTART_POLL_S = 0.2
@@ -156,40 +156,41 @@ def node_address() -> str:
 
 
 class ReplicaHost:
-    """The body of one replica's actor: builds the server, serves it, stops it when told."""
+    """The body of one replica's actor: builds its servers (one, or a whole copy of the stack),
+    serves each on its own socket, stops them when told. The servers of one actor share one
+    client, so the calls between them stay in-process, as in an inline stack."""
 
     def __init__(self) -> None:
-        self._server: AppServer | None = None
+        self._servers: list[AppServer] = []
         self._client: Any = None
 
     async def start(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Build and serve the server of ``payload``; returns where it listens."""
+        """Build and serve the servers of ``payload``; returns where each one listens."""
         _log_to(Path(payload["log_path"]))
-        spec = spec_from_dict(payload["spec"])
+        specs = [spec_from_dict(spec) for spec in payload["specs"]]
         self._client = stack_client(payload["head_url"], payload.get("pool_size"))
-        server = build_server(spec, self._client)
-        self._client.add_local(spec.name, server.app, server.dispatch)
         host = payload.get("bind_host") or node_address()
-        self._server = AppServer(server.app, bind_socket(host, 0))
-        await self._server.start()
-        logging.getLogger("polygym.stack.ray").info(
-            "%s replica %s serving on %s", spec.name, payload["replica"], self._server.url
-        )
+        urls = {}
+        for spec, app_server in await serve_in_process(specs, self._client, host):
+            self._servers.append(app_server)
+            urls[spec.name] = app_server.url
+            logging.getLogger("polygym.stack.ray").info(
+                "%s replica %s serving on %s", spec.name, payload["replica"], app_server.url
+            )
         return {
-            "url": self._server.url,
+            "urls": urls,
             "pid": os.getpid(),
             "node_ip": host,
             "node_id": ray.get_runtime_context().get_node_id(),
         }
 
     async def serving(self) -> None:
-        """Return when the server stops; an actor that dies makes this call raise instead."""
-        assert self._server is not None and self._server.task is not None
-        await self._server.task
+        """Return when a server stops; an actor that dies makes this call raise instead."""
+        tasks = [asyncio.ensure_future(s.task) for s in self._servers if s.task is not None]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop()
+        await asyncio.gather(*(s.stop() for s in self._servers), return_exceptions=True)
         if self._client is not None:
             await self._client.close()
 
@@ -218,17 +219,27 @@ def cluster_address(option: str | None, config: str | None) -> tuple[str | None,
 
 @dataclass
 class Replica:
-    spec: ServerSpec
+    """One actor: replica ``index`` of one server, or copy ``index`` of the whole stack."""
+
+    specs: list[ServerSpec]
     index: int
     actor: Any
     payload: dict[str, Any]
     max_restarts: int
     restarts: int = 0
-    entry: dict[str, Any] | None = None
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    """Its registry entries, one per server, once it serves."""
+
+    @property
+    def name(self) -> str:
+        """What a death is reported under: the server, or the copy."""
+        return self.specs[0].name if len(self.specs) == 1 else f"copy {self.index}"
 
     @property
     def label(self) -> str:
-        return f"server '{self.spec.name}' replica {self.index}"
+        if len(self.specs) == 1:
+            return f"server '{self.name}' replica {self.index}"
+        return f"{self.name} of the stack (serving {', '.join(spec.name for spec in self.specs)})"
 
 
 class RayBackend:
@@ -243,9 +254,20 @@ class RayBackend:
         replicas: dict[str, int] | None = None,
         bind_host: str | None = None,
         config_address: str | None = None,
+        copies: int | None = None,
     ) -> None:
         """``ray_address``: ``--ray-address``, before the config's ``config_address`` and
-        ``RAY_ADDRESS``; ``bind_host``: the address replicas listen on (None: their node's)."""
+        ``RAY_ADDRESS``; ``bind_host``: the address replicas listen on (None: their node's);
+        ``copies`` (``--workers N``): N actors each serving the whole stack, instead of one
+        actor per server replica."""
+        if copies is not None and replicas:
+            raise ConfigError(
+                [
+                    "--replicas and --workers do not go together: with --workers every copy holds one "
+                    "replica of every server"
+                ]
+            )
+        self.copies = copies
         self.pool_size = pool_size
         self.ray_address, source = cluster_address(ray_address, config_address)
         if self.ray_address and self.ray_address not in JOIN_ANY and not ray.is_initialized():
@@ -271,32 +293,12 @@ class RayBackend:
         """One actor per replica, all started together; registered once each one serves."""
         self._registry = registry
         self._connect()
-        host_cls = ray.remote(ReplicaHost)
         log_dir = stacks.logs_dir(stack_id)
-        for spec in specs:
-            placement = placement_of(spec.name, spec.config, self.replica_overrides.get(spec.name))
-            if spec.kind == RESOURCES_KIND:
-                placement = schedulable(placement)
-            group = await self._group_for(spec.name, placement)
-            nodes = placeable_nodes(spec.name, placement)
-            for index in range(placement.replicas):
-                actor = host_cls.options(
-                    num_cpus=placement.num_cpus,
-                    num_gpus=placement.num_gpus,
-                    resources=placement.resources or None,
-                    max_restarts=placement.max_restarts,
-                    max_task_retries=0,
-                    **self._where(spec, group, index, nodes),
-                ).remote()
-                payload = {
-                    "spec": spec_to_dict(spec),
-                    "head_url": head_url,
-                    "pool_size": self.pool_size,
-                    "replica": index,
-                    "bind_host": self.bind_host,
-                    "log_path": str(log_dir / f"{spec.name}.{index}.log"),
-                }
-                self.replicas.append(Replica(spec, index, actor, payload, placement.max_restarts))
+        if self.copies is not None:
+            self._plan_copies(specs, self.copies, head_url, log_dir)
+        else:
+            for spec in specs:
+                await self._plan_replicas(spec, head_url, log_dir)
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 places = await asyncio.gather(*(r.actor.start.remote(r.payload) for r in self.replicas))
@@ -309,6 +311,57 @@ class RayBackend:
         for replica, place in zip(self.replicas, places, strict=True):
             self._register(replica, place)
         self._watchers = [asyncio.create_task(self._watch(r)) for r in self.replicas]
+
+    async def _plan_replicas(self, spec: ServerSpec, head_url: str, log_dir: Path) -> None:
+        """One actor per replica of ``spec``, placed by its config (see the module docstring)."""
+        placement = placement_of(spec.name, spec.config, self.replica_overrides.get(spec.name))
+        if spec.kind == RESOURCES_KIND:
+            placement = schedulable(placement)
+        group = await self._group_for(spec.name, placement)
+        nodes = placeable_nodes(spec.name, placement)
+        for index in range(placement.replicas):
+            where = self._where(spec, group, index, nodes)
+            log_path = log_dir / f"{spec.name}.{index}.log"
+            self._add_actor([spec], index, placement, where, head_url, log_path)
+
+    def _plan_copies(self, specs: list[ServerSpec], copies: int, head_url: str, log_dir: Path) -> None:
+        """``copies`` actors, each serving every server, taking the nodes in turn."""
+        placement = schedulable(copy_placement({spec.name: spec.config for spec in specs}))
+        nodes = placeable_nodes("a copy of the stack", placement)
+        for index in range(copies):
+            where = self._turns.strategy(nodes)
+            self._add_actor(specs, index, placement, where, head_url, log_dir / f"copy-{index}.log")
+
+    def _add_actor(
+        self,
+        specs: list[ServerSpec],
+        index: int,
+        placement: Placement,
+        where: dict[str, Any],
+        head_url: str,
+        log_path: Path,
+    ) -> None:
+        actor = (
+            ray.remote(ReplicaHost)
+            .options(
+                num_cpus=placement.num_cpus,
+                num_gpus=placement.num_gpus,
+                resources=placement.resources or None,
+                max_restarts=placement.max_restarts,
+                max_task_retries=0,
+                **where,
+            )
+            .remote()
+        )
+        payload = {
+            "specs": [spec_to_dict(spec) for spec in specs],
+            "head_url": head_url,
+            "pool_size": self.pool_size,
+            "replica": index,
+            "bind_host": self.bind_host,
+            "log_path": str(log_path),
+        }
+        self.replicas.append(Replica(specs, index, actor, payload, placement.max_restarts))
 
     async def _group_for(self, name: str, placement: Placement) -> PlacementGroup | None:
         """The placement group of a GPU server's replicas, reserved now; None for other servers."""
@@ -330,16 +383,22 @@ class RayBackend:
 
     def _register(self, replica: Replica, place: dict[str, Any]) -> None:
         assert self._registry is not None
-        replica.entry = {
-            "name": replica.spec.name,
-            "kind": replica.spec.kind,
-            "implementation": replica.spec.implementation,
-            "replica": replica.index,
-            "restarts": replica.restarts,
-            "pool_size": self.pool_size,
-            **place,
-        }
-        self._registry.register(replica.entry)
+        urls = place.pop("urls")
+        replica.entries = [
+            {
+                "name": spec.name,
+                "kind": spec.kind,
+                "implementation": spec.implementation,
+                "replica": replica.index,
+                "restarts": replica.restarts,
+                "pool_size": self.pool_size,
+                "url": urls[spec.name],
+                **place,
+            }
+            for spec in replica.specs
+        ]
+        for entry in replica.entries:
+            self._registry.register(entry)
 
     async def _watch(self, replica: Replica) -> None:
         """Wait for the replica to die; take it out, report it, restart it within its bound."""
@@ -349,23 +408,24 @@ class RayBackend:
                 return  # stopped on purpose
             except RayActorError:
                 pass
-            assert self._registry is not None and replica.entry is not None
-            self._registry.remove(slot_of(replica.entry))
+            assert self._registry is not None
+            for entry in replica.entries:
+                self._registry.remove(slot_of(entry))
             death = self.describe_death(replica)
             logging.getLogger("polygym.stack.ray").warning("%s", death)
             if replica.restarts < replica.max_restarts:
-                await self._deaths.put(ServerFailure(replica.spec.name, death, down=()))
+                await self._deaths.put(ServerFailure(replica.name, death, down=()))
                 if await self._restart(replica):
                     continue
                 death = f"{replica.label} did not serve again within {START_TIMEOUT_S:g}s of its restart"
-            await self._deaths.put(ServerFailure(replica.spec.name, death, self._down_without(replica)))
+            await self._deaths.put(ServerFailure(replica.name, death, self._down_without(replica)))
             return
 
     def _down_without(self, replica: Replica) -> tuple[str, ...]:
-        """The server of a replica gone for good, unless another of its replicas still serves."""
+        """The servers of a replica gone for good that no other replica still serves."""
         assert self._registry is not None
-        name = replica.spec.name
-        return () if any(e["name"] == name for e in self._registry.entries.values()) else (name,)
+        serving = {e["name"] for e in self._registry.entries.values()}
+        return tuple(spec.name for spec in replica.specs if spec.name not in serving)
 
     async def _restart(self, replica: Replica) -> bool:
         """Start the server again in the actor Ray restarted; False when it does not come back."""
@@ -382,7 +442,7 @@ class RayBackend:
         return False
 
     def describe_death(self, replica: Replica) -> str:
-        entry = replica.entry or {}
+        entry = replica.entries[0] if replica.entries else {}
         node = f"{entry.get('node_ip', '?')} ({str(entry.get('node_id', '?'))[:12]})"
         where = f"node {node}, pid {entry.get('pid', '?')}"
         left = replica.max_restarts - replica.restarts
@@ -412,7 +472,7 @@ class RayBackend:
 
     def pids(self) -> dict[str, int]:
         """Each serving replica's process (by registry slot), for CPU and memory accounting."""
-        return {slot_of(r.entry): int(r.entry["pid"]) for r in self.replicas if r.entry is not None}
+        return {slot_of(e): int(e["pid"]) for r in self.replicas for e in r.entries}
 
     async def stop(self) -> None:
         """Drain each replica (bounded), then kill every actor; a local cluster goes too."""

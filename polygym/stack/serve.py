@@ -24,11 +24,10 @@ from typing import Any
 import orjson
 
 from polygym.net.client import ServerClient
-from polygym.net.listen import AppServer, bind_socket
 from polygym.net.retry import RetryPolicy
 from polygym.stack.backend import spec_from_dict, stack_client
 from polygym.stack.head import STACK_SECRET_HEADER
-from polygym.stack.loader import build_server
+from polygym.stack.loader import serve_in_process
 
 PARENT_POLL_S = 0.5
 
@@ -58,19 +57,14 @@ async def _register(client: ServerClient, head_url: str, entry: dict[str, Any], 
 async def serve(payload: dict[str, Any]) -> None:
     specs = [spec_from_dict(spec) for spec in payload["specs"]]
     client = stack_client(payload["head_url"], payload.get("pool_size"))
-    built = [(spec, build_server(spec, client)) for spec in specs]
-    for spec, server in built:
-        client.add_local(spec.name, server.app, server.dispatch)
-    app_servers: list[AppServer] = []
-    for _, server in built:
-        app_servers.append(AppServer(server.app, bind_socket("127.0.0.1", 0)))
-        await app_servers[-1].start()
+    served = await serve_in_process(specs, client, "127.0.0.1")
+    app_servers = [app_server for _, app_server in served]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     secret = payload.pop("stack_secret")
-    for (spec, _), app_server in zip(built, app_servers, strict=True):
+    for spec, app_server in served:
         entry = {
             "name": spec.name,
             "kind": spec.kind,
@@ -83,8 +77,8 @@ async def serve(payload: dict[str, Any]) -> None:
         await _register(client, payload["head_url"], entry, secret)
         print(f"{spec.name} serving on {app_server.url}", flush=True)
     watcher = asyncio.create_task(_watch_parent(int(payload["parent_pid"]), stop))
-    served = [asyncio.ensure_future(s.task) for s in app_servers if s.task is not None]
-    await asyncio.wait([asyncio.ensure_future(stop.wait()), *served], return_when=asyncio.FIRST_COMPLETED)
+    serving = [asyncio.ensure_future(s.task) for s in app_servers if s.task is not None]
+    await asyncio.wait([asyncio.ensure_future(stop.wait()), *serving], return_when=asyncio.FIRST_COMPLETED)
     watcher.cancel()
     await asyncio.gather(*(s.stop() for s in app_servers), return_exceptions=True)
     await client.close()

@@ -23,6 +23,7 @@ from polygym.collect.rollouts import Limits, Result, collect
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.row import make_job
 from polygym.stack.backend import LaunchError
+from polygym.stack.config import ConfigError
 from polygym.stack.launcher import Stack
 from tests.conftest import gone, gym_command, wait_until
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
@@ -123,13 +124,72 @@ async def test_replicas_spread_over_nodes_and_sessions_stay_on_their_replica(clu
     assert wait_until(lambda: all(gone(pid) for pid in pids), 30.0)
 
 
+async def test_copies_of_the_whole_stack_spread_over_nodes(cluster: Any) -> None:
+    """``--workers 3`` on Ray: three actors, each serving every server (one replica of each), one
+    per node; a copy's servers share its process, so the calls of a rollout stay in it."""
+    stack = ray_stack(cluster, workers=NODES)
+    await stack.start()
+    client = ServerClient(stack.head_url)
+    pids: list[int] = []
+    try:
+        names = list(two_env_config().servers)
+        copies: dict[int, set[tuple[int, str]]] = {}
+        for entry in stack.servers():
+            copies.setdefault(entry["replica"], set()).add((entry["pid"], entry["node_id"]))
+        assert sorted(copies) == [0, 1, 2]
+        assert all(len(copy) == 1 for copy in copies.values()), copies  # one process per copy
+        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+        assert {node for copy in copies.values() for _, node in copy} == alive
+        assert all(len(replicas_of(stack, name)) == NODES for name in names)
+        pids = [pid for copy in copies.values() for pid, _ in copy]
+        assert await solve_all(client) == [1.0] * 10
+    finally:
+        await client.close()
+        await stack.stop()
+    assert wait_until(lambda: all(gone(pid) for pid in pids), 30.0)
+
+
+async def test_a_killed_copy_is_named_and_every_server_of_it_serves_again(cluster: Any) -> None:
+    stack = ray_stack(cluster, workers=2)
+    await stack.start()
+    client = ServerClient(stack.head_url)
+    try:
+        before = {e["name"]: e["url"] for e in stack.servers() if e["replica"] == 1}
+        victim = next(r for r in stack.backend.replicas if r.index == 1)  # type: ignore[attr-defined]
+        ray.kill(victim.actor, no_restart=False)
+        death = await asyncio.wait_for(stack.backend.wait_death(), 60)  # type: ignore[attr-defined]
+        assert death.name == "copy 1" and death.servers_down == ()
+        assert death.message.startswith(f"copy 1 of the stack (serving {', '.join(before)}) on node")
+        again = await wait_for(
+            lambda: (
+                {e["name"] for e in stack.servers() if e["replica"] == 1 and e.get("restarts") == 1}
+                == set(before)
+            )
+        )
+        assert again, stack.servers()
+        assert all(e["url"] != before[e["name"]] for e in stack.servers() if e["replica"] == 1)
+        assert await solve_all(client) == [1.0] * 10
+    finally:
+        await client.close()
+        await stack.stop()
+
+
+def test_copies_refuse_what_a_copy_cannot_hold() -> None:
+    config = two_env_config()
+    config.servers["policy_model"].config["num_gpus"] = 1
+    with pytest.raises(ConfigError, match="server 'policy_model' asks for num_gpus: --workers copies"):
+        Stack(config, backend="ray", head_port=0, record=False, workers=2)
+    with pytest.raises(ConfigError, match="--replicas and --workers do not go together"):
+        Stack(two_env_config(), backend="ray", record=False, workers=2, replicas={MULTI: 2})
+
+
 async def test_a_killed_replica_is_named_restarted_and_serves_again(cluster: Any) -> None:
     stack = ray_stack(cluster, replicas={MULTI: 2})
     await stack.start()
     client = ServerClient(stack.head_url)
     try:
         first = replicas_of(stack, MULTI)[1]
-        victim = next(r for r in stack.backend.replicas if r.spec.name == MULTI and r.index == 1)  # type: ignore[attr-defined]
+        victim = next(r for r in stack.backend.replicas if r.name == MULTI and r.index == 1)  # type: ignore[attr-defined]
         ray.kill(victim.actor, no_restart=False)
         assert await wait_for(
             lambda: any(
@@ -149,7 +209,7 @@ async def test_a_replica_past_its_restarts_is_a_named_failure(cluster: Any) -> N
     stack = Stack(config, backend="ray", head_port=0, record=False, ray_address=cluster.address)
     await stack.start()
     try:
-        victim = next(r for r in stack.backend.replicas if r.spec.name == MULTI)  # type: ignore[attr-defined]
+        victim = next(r for r in stack.backend.replicas if r.name == MULTI)  # type: ignore[attr-defined]
         ray.kill(victim.actor, no_restart=True)
         failure = await asyncio.wait_for(stack.wait_failure(), 60)
         assert failure.name == MULTI
@@ -279,10 +339,11 @@ async def test_cpus_no_node_has_fail_at_once_naming_the_server(cluster: Any) -> 
     assert "no node of the Ray cluster has that much (at most: CPU 1)" in str(failed.value)
 
 
-def test_the_seed_flow_runs_unchanged_on_ray(cluster: Any, start_stack: Any, tmp_path: Any) -> None:
-    stack = start_stack(
-        *SELECTORS, "--backend", "ray", "--ray-address", cluster.address, "--replicas", f"{MULTI}=2"
-    )
+@pytest.mark.parametrize("placement", [("--replicas", f"{MULTI}=2"), ("--workers", "2")])
+def test_the_seed_flow_runs_unchanged_on_ray(
+    cluster: Any, start_stack: Any, tmp_path: Any, placement: tuple[str, str]
+) -> None:
+    stack = start_stack(*SELECTORS, "--backend", "ray", "--ray-address", cluster.address, *placement)
     assert len([s for s in stack.record["servers"] if s["name"] == MULTI]) == 2
     status = subprocess.run(gym_command("env", "status"), capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr

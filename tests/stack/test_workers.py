@@ -133,7 +133,10 @@ def test_workers_count() -> None:
     ("args", "expected"),
     [
         (("--workers", "2", "--backend", "subprocess"), "--workers needs --backend inline"),
-        (("--workers", "2", "--backend", "ray"), "--workers needs --backend inline"),
+        (
+            ("--workers", "2", "--backend", "ray", "--replicas", "example_multi_step=2"),
+            "--replicas and --workers do not go together",
+        ),
         (("--workers", "none"), "--workers 'none': expected a number >= 1 or 'auto'"),
         (("--no-serve", "--workers", "2"), "--workers only applies to a stack this command starts"),
     ],
