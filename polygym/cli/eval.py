@@ -556,7 +556,7 @@ async def _collect(
         settings.progress_interval_s,
         settings.allow_stack_change,
         health,
-        HealthMonitor(settings.quarantine_rate, settings.quarantine_min),
+        HealthMonitor(settings.quarantine_rate, settings.quarantine_min, keep_findings=False),
         settings.aggregate,
     )
     try:

@@ -170,9 +170,55 @@ class EnvHealth:
         }
 
 
+MAX_BITMAP_REPEAT = 1 << 24
+"""Repeat indices below this are remembered as one bit each (2 MiB for a task at the limit);
+others (negative, larger, not integers) in a set."""
+
+
+class TaskOutcomes:
+    """One task's repeats so far: how many, failed and passed, and which repeat indices were seen.
+
+    Counts and a bit per repeat index, not an entry per rollout: a set of ``(env, task, repeat)``
+    tuples and a list of outcomes per task cost about 150 bytes per rollout, so the monitor of a
+    run at 400 rollouts/s grew by some 4 MiB a minute for as long as the run lasted.
+    """
+
+    __slots__ = ("_bits", "_other", "failed", "passed", "repeats")
+
+    def __init__(self) -> None:
+        self.repeats = 0
+        self.failed = 0
+        self.passed = 0
+        self._bits: bytearray | None = None
+        self._other: set[Any] | None = None
+
+    def seen_before(self, repeat: Any) -> bool:
+        """Remember repeat index ``repeat``; True when it was already there (a duplicate)."""
+        if type(repeat) is int and 0 <= repeat < MAX_BITMAP_REPEAT:
+            if self._bits is None:
+                self._bits = bytearray()
+            byte, mask = repeat >> 3, 1 << (repeat & 7)
+            if byte >= len(self._bits):
+                self._bits.extend(bytes(byte + 1 - len(self._bits)))
+            seen = bool(self._bits[byte] & mask)
+            self._bits[byte] |= mask
+            return seen
+        if self._other is None:
+            self._other = set()
+        seen = repeat in self._other
+        self._other.add(repeat)
+        return seen
+
+
 @dataclass
 class HealthMonitor:
-    """Findings and rates per environment, fed one rollout or failure at a time."""
+    """Findings and rates per environment, fed one rollout or failure at a time.
+
+    What it keeps grows with the tasks and environments, not with the rollouts (a bit per repeat
+    for duplicates), so it can watch a run of millions of rollouts; only ``findings`` holds one
+    entry per unhealthy rollout, and ``keep_findings=False`` (a live run's monitor, whose findings
+    nobody lists: ``gym eval health-check`` reads the files) counts them per kind only.
+    """
 
     quarantine_rate: float = DEFAULT_QUARANTINE_RATE
     quarantine_min: int = DEFAULT_QUARANTINE_MIN
@@ -180,24 +226,27 @@ class HealthMonitor:
     quarantined: dict[str, str] = field(default_factory=dict)
     """Environment -> why its rollouts stopped (``quarantine`` decides, once per environment)."""
     envs: dict[str, EnvHealth] = field(default_factory=lambda: defaultdict(EnvHealth))
-    _seen: set[tuple[str, Any, Any]] = field(default_factory=set)
-    _tasks: dict[tuple[str, Any], list[bool | None]] = field(default_factory=lambda: defaultdict(list))
+    keep_findings: bool = True
+    _tasks: dict[tuple[str, Any], TaskOutcomes] = field(default_factory=lambda: defaultdict(TaskOutcomes))
+    """(environment, task) -> its repeats, for duplicates and the task-level findings."""
 
     def observe(self, row: Mapping[str, Any]) -> list[Finding]:
         """Record one verified rollout; returns its findings."""
         env, task, repeat = env_of(row), row.get(TASK_INDEX), row.get(ROLLOUT_INDEX)
         kinds = rollout_findings(row)
-        if (env, task, repeat) in self._seen:
+        outcomes = self._tasks[(env, task)]
+        if outcomes.seen_before(repeat):
             kinds.append((DUPLICATE, f"task {task} repeat {repeat} appears more than once"))
-        self._seen.add((env, task, repeat))
-        self._tasks[(env, task)].append(reward(row) >= PASS_THRESHOLD)
+        outcomes.repeats += 1
+        outcomes.passed += reward(row) >= PASS_THRESHOLD
         health = self.envs[env]
         health.rollouts += 1
         found = [Finding(env, kind, detail, task, repeat) for kind, detail in kinds]
         if found:
             health.unhealthy += 1
             health.kinds.update(f.kind for f in found)
-        self.findings.extend(found)
+        if self.keep_findings:
+            self.findings.extend(found)
         return found
 
     def observe_failure(self, failure: Mapping[str, Any]) -> None:
@@ -206,7 +255,9 @@ class HealthMonitor:
         if failure.get("error_class") in NOT_THE_ENVIRONMENTS:
             return
         self.envs[env].failures += 1
-        self._tasks[(env, failure.get(TASK_INDEX))].append(None)
+        outcomes = self._tasks[(env, failure.get(TASK_INDEX))]
+        outcomes.repeats += 1
+        outcomes.failed += 1
 
     def quarantine_reason(self, env: str) -> str | None:
         """Why ``env`` should stop (its failure or unhealthy rate over the threshold), or None."""
@@ -229,13 +280,16 @@ class HealthMonitor:
         """Add the task-level findings (every repeat known); returns them."""
         found = []
         for (env, task), outcomes in self._tasks.items():
-            if len(outcomes) >= 2 and all(o is None for o in outcomes):
-                found.append(Finding(env, ALWAYS_FAILED, f"all {len(outcomes)} repeats failed", task))
-            elif len(outcomes) >= 2 and not any(outcomes):
-                found.append(Finding(env, NEVER_SOLVED, f"none of {len(outcomes)} repeats passed", task))
+            if outcomes.repeats < 2:
+                continue
+            if outcomes.failed == outcomes.repeats:
+                found.append(Finding(env, ALWAYS_FAILED, f"all {outcomes.repeats} repeats failed", task))
+            elif not outcomes.passed:
+                found.append(Finding(env, NEVER_SOLVED, f"none of {outcomes.repeats} repeats passed", task))
         for finding in found:
             self.envs[finding.env].kinds[finding.kind] += 1
-        self.findings.extend(found)
+        if self.keep_findings:
+            self.findings.extend(found)
         return found
 
     def metrics(self, env: str) -> dict[str, int]:

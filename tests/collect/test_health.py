@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,51 @@ def test_duplicates_and_task_findings_need_the_whole_run() -> None:
     summary = monitor.summary()["env_agent"]
     assert (summary["rollouts"], summary["failures"], summary["unhealthy"]) == (4, 2, 1)
     assert summary["failure_rate"] == 2 / 6
+
+
+def test_duplicates_are_found_whatever_the_repeat_index() -> None:
+    """Dense indices are kept as bits, any other (negative, huge, absent, text) in a set: both find
+    a repeat written twice, and the same index in another task is no duplicate."""
+    repeats = [0, 7, 8, 100_000, -1, 2**40, None, "r1"]
+    rows = [rollout([message_item("a")], task=3, repeat=r) for r in repeats * 2]
+    rows += [rollout([message_item("a")], task=4, repeat=r) for r in repeats]
+    monitor = health.check_run(rows, [])
+    duplicates = [(f.task_index, f.rollout_index) for f in monitor.findings if f.kind == health.DUPLICATE]
+    assert duplicates == [(3, r) for r in repeats]
+
+
+def test_a_monitor_keeps_no_record_per_rollout() -> None:
+    """A run's monitor sees every rollout: it keeps counts and a bit per repeat index, not an entry
+    per rollout (a set of keys and per-task lists kept ~150 bytes each: 4 MiB a minute at 400/s)."""
+    monitor = health.HealthMonitor(keep_findings=False)
+    good = rollout([message_item("done")])
+
+    def watch(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            monitor.observe({**good, "_ng_task_index": i % 4, "_ng_rollout_index": i // 4})
+            if i % 10 == 0:
+                monitor.observe_failure({"agent_ref": AGENT, "_ng_task_index": i % 4})
+
+    watch(0, 1_000)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        watch(1_000, 20_000)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert monitor.envs["env_agent"].rollouts == 21_000 and monitor.envs["env_agent"].failures == 2_100
+    assert kept < 20_000  # under a byte per rollout; a record each was ~3 MB here
+
+
+def test_a_live_monitor_counts_findings_without_listing_them() -> None:
+    monitor = health.HealthMonitor(keep_findings=False)
+    found = monitor.observe(rollout([]))
+    assert [f.kind for f in found] == [health.MODEL_NOT_CALLED]
+    assert monitor.findings == []
+    assert monitor.envs["env_agent"].kinds == {health.MODEL_NOT_CALLED: 1}
+    assert monitor.metrics("env_agent")["health/unhealthy_rollouts"] == 1
 
 
 def test_quarantine_needs_enough_rollouts_and_a_rate_over_the_threshold() -> None:
