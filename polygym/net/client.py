@@ -202,6 +202,8 @@ class ServerClient:
         self._dispatch: dict[str, Dispatch] = {}
         self._addresses: dict[str, str] = {}
         self._replicas = Replicas()
+        self._lookup: asyncio.Future[None] | None = None
+        """The head lookup in flight, shared by every caller that needs one meanwhile."""
         self._session: aiohttp.ClientSession | None = None
 
     # -- name resolution -------------------------------------------------------------------
@@ -249,17 +251,35 @@ class ServerClient:
         if name in self._addresses and not refresh:
             return self._addresses[name]
         if self.head_url is not None:
-            by_name: dict[str, list[str]] = {}
-            for entry in await self.servers():
-                by_name.setdefault(entry["name"], []).append(entry["url"].rstrip("/"))
-            for known, urls in by_name.items():
-                self._addresses[known] = urls[0]
-                self._replicas.set(known, urls)
+            await self._look_up()
         if name not in self._addresses:
             raise UnknownServerError(
                 name, unknown_name_message("server", name, self._addresses), None, "UnknownServer"
             )
         return self._addresses[name]
+
+    async def _look_up(self) -> None:
+        """Learn every address from the head, one lookup at a time.
+
+        Callers that need a lookup while one is in flight wait for that one: a collector with
+        10,000 rollouts in flight that loses an address (a replica refused a connection) would
+        otherwise send 10,000 ``GET /servers``, queued in the pool behind the rollouts' own
+        calls, and the head's resets of that burst became rollout failures. Shielded, so a caller
+        that is cancelled does not cancel the lookup the others wait for.
+        """
+        if self._lookup is None or self._lookup.done():
+            self._lookup = asyncio.ensure_future(self._read_registry())
+            # read even when every waiter was cancelled: no "exception never retrieved" in the log
+            self._lookup.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.shield(self._lookup)
+
+    async def _read_registry(self) -> None:
+        by_name: dict[str, list[str]] = {}
+        for entry in await self.servers():
+            by_name.setdefault(entry["name"], []).append(entry["url"].rstrip("/"))
+        for known, urls in by_name.items():
+            self._addresses[known] = urls[0]
+            self._replicas.set(known, urls)
 
     # -- calls -------------------------------------------------------------------------------
     async def call(

@@ -380,3 +380,38 @@ async def test_a_url_that_is_no_head_server_is_named_as_such() -> None:
     finally:
         await client.close()
         await head.stop()
+
+
+async def test_callers_that_need_an_address_at_once_share_one_head_lookup() -> None:
+    """A thousand calls that find a name unknown together (a collector whose replica refused a
+    connection) ask the head once, not a thousand times; a cancelled caller leaves the lookup to
+    the others, and a name the head lacks is still an UnknownServerError for each of them."""
+    lookups = 0
+    release = asyncio.Event()
+
+    async def servers(request: Request) -> JSONResponse:
+        nonlocal lookups
+        lookups += 1
+        await release.wait()
+        return JSONResponse([{"name": "env", "kind": "resources_servers", "url": "http://127.0.0.1:9"}])
+
+    head = AppServer(Starlette(routes=[Route("/servers", servers, methods=["GET"])]), bind_socket())
+    await head.start()
+    client = ServerClient(head.url)
+    try:
+        waiting = [asyncio.ensure_future(client.resolve("env")) for _ in range(1_000)]
+        unknown = asyncio.ensure_future(client.resolve("nope"))
+        deadline = time.monotonic() + 10
+        while lookups == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        waiting[0].cancel()
+        release.set()
+        urls = await asyncio.gather(*waiting[1:])
+        assert urls == ["http://127.0.0.1:9"] * 999
+        with pytest.raises(UnknownServerError):
+            await unknown
+        assert lookups == 1
+        assert waiting[0].cancelled()
+    finally:
+        await client.close()
+        await head.stop()
