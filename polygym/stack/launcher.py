@@ -309,7 +309,14 @@ def make_backend(
             from polygym.stack.ray_backend import RayBackend
         except ImportError as exc:
             raise ConfigError([f"--backend ray needs Ray: pip install 'polygym[ray]' ({exc})"]) from exc
-        if workers is not None:  # refused now, before a cluster starts
+        if workers is not None:  # what copies cannot honour, refused before a cluster starts
+            if replicas:
+                raise ConfigError(
+                    [
+                        "--replicas and --workers do not go together: with --workers every copy holds "
+                        "one replica of every server"
+                    ]
+                )
             copy_placement({n: s.config for n, s in config.servers.items() if s.implementation != EXTERNAL})
         address = config.globals.get("ray_address")
         return RayBackend(pool_size, ray_address, replicas, config_address=address, copies=workers)

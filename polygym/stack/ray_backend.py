@@ -260,13 +260,6 @@ class RayBackend:
         ``RAY_ADDRESS``; ``bind_host``: the address replicas listen on (None: their node's);
         ``copies`` (``--workers N``): N actors each serving the whole stack, instead of one
         actor per server replica."""
-        if copies is not None and replicas:
-            raise ConfigError(
-                [
-                    "--replicas and --workers do not go together: with --workers every copy holds one "
-                    "replica of every server"
-                ]
-            )
         self.copies = copies
         self.pool_size = pool_size
         self.ray_address, source = cluster_address(ray_address, config_address)
@@ -278,6 +271,8 @@ class RayBackend:
         self.groups: dict[str, PlacementGroup] = {}
         """Each GPU server's placement group (``stack.ray_gpu_groups``), by server name."""
         self._turns = NodeTurns()
+        self._host: Any = None
+        """``ReplicaHost`` as a Ray actor class, made once per start (Ray exports each one)."""
         self._started_ray = False
         self._deaths: asyncio.Queue[ServerFailure] = asyncio.Queue()
         self._watchers: list[asyncio.Task[None]] = []
@@ -293,6 +288,7 @@ class RayBackend:
         """One actor per replica, all started together; registered once each one serves."""
         self._registry = registry
         self._connect()
+        self._host = ray.remote(ReplicaHost)
         log_dir = stacks.logs_dir(stack_id)
         if self.copies is not None:
             self._plan_copies(specs, self.copies, head_url, log_dir)
@@ -317,8 +313,8 @@ class RayBackend:
         placement = placement_of(spec.name, spec.config, self.replica_overrides.get(spec.name))
         if spec.kind == RESOURCES_KIND:
             placement = schedulable(placement)
+        nodes = placeable_nodes(f"server '{spec.name}'", placement)
         group = await self._group_for(spec.name, placement)
-        nodes = placeable_nodes(spec.name, placement)
         for index in range(placement.replicas):
             where = self._where(spec, group, index, nodes)
             log_path = log_dir / f"{spec.name}.{index}.log"
@@ -341,18 +337,14 @@ class RayBackend:
         head_url: str,
         log_path: Path,
     ) -> None:
-        actor = (
-            ray.remote(ReplicaHost)
-            .options(
-                num_cpus=placement.num_cpus,
-                num_gpus=placement.num_gpus,
-                resources=placement.resources or None,
-                max_restarts=placement.max_restarts,
-                max_task_retries=0,
-                **where,
-            )
-            .remote()
-        )
+        actor = self._host.options(
+            num_cpus=placement.num_cpus,
+            num_gpus=placement.num_gpus,
+            resources=placement.resources or None,
+            max_restarts=placement.max_restarts,
+            max_task_retries=0,
+            **where,
+        ).remote()
         payload = {
             "specs": [spec_to_dict(spec) for spec in specs],
             "head_url": head_url,

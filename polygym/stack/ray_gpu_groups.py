@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from polygym.stack.backend import START_TIMEOUT_S, LaunchError
 from polygym.stack.placement import Placement
-from polygym.stack.ray_spread import bundle_of, placeable_nodes
+from polygym.stack.ray_spread import bundle_of
 
 STRATEGY = "PACK"
 
@@ -33,8 +33,8 @@ def needs_group(placement: Placement) -> bool:
 
 
 async def reserve(name: str, placement: Placement) -> PlacementGroup:
-    """One bundle per replica of server ``name``, all reserved; a LaunchError when they cannot be."""
-    placeable_nodes(name, placement)
+    """One bundle per replica of server ``name``, all reserved; a LaunchError when they cannot be
+    (the caller has checked that some node could hold one: ``ray_spread.placeable_nodes``)."""
     bundle = bundle_of(placement)
     asked = f"server '{name}' asks for {placement.replicas} replica(s) of {bundle}"
     group = placement_group([bundle] * placement.replicas, strategy=STRATEGY, name=f"polygym:{name}")

@@ -51,8 +51,9 @@ def alive_totals() -> dict[str, dict[str, float]]:
     return dict(nodes)
 
 
-def placeable_nodes(name: str, placement: Placement) -> list[str]:
-    """The live nodes that could hold one replica of server ``name``, in node-id order.
+def placeable_nodes(what: str, placement: Placement) -> list[str]:
+    """The live nodes that could hold one replica of ``what`` (``server 'NAME'``, a copy of the
+    stack), in node-id order.
 
     None could: a LaunchError at once, naming the server and what the largest node has, instead
     of a replica that waits in Ray's queue until the start times out.
@@ -64,7 +65,7 @@ def placeable_nodes(name: str, placement: Placement) -> list[str]:
         best = {k: max((total.get(k, 0) for total in totals.values()), default=0) for k in bundle}
         most = ", ".join(f"{k} {v:g}" for k, v in best.items())
         raise LaunchError(
-            f"server '{name}' asks for {placement.replicas} replica(s) of {bundle}; "
+            f"{what} asks for {placement.replicas} replica(s) of {bundle}; "
             f"no node of the Ray cluster has that much (at most: {most})"
         )
     return nodes
