@@ -35,7 +35,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym.net import budget, failure
-from polygym.net.asgi_transport import Handoff
+from polygym.net.asgi_transport import Handoff, Receive, Scope, Send
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.redact import mask_secrets
 from polygym.servers.inbound import InboundGuard, InFlight
@@ -134,6 +134,12 @@ class JsonEndpoint:
     async def handle_request(self, request: Request) -> Response:
         with budget.within(budget.from_headers(request.headers)):
             return await self.respond(await request.body(), request)
+
+    async def serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """This endpoint as an ASGI app of its own, for a request that skips the router
+        (``InboundGuard``'s ``direct`` routes): what Starlette does around ``handle_request``."""
+        response = await self.handle_request(Request(scope, receive))
+        await response(scope, receive, send)
 
     async def respond(self, raw: bytes, request: Any) -> Response:
         result = await self.answer(raw, request)
@@ -242,10 +248,11 @@ class BaseServer(Generic[ConfigT]):
                 if isinstance(endpoint := getattr(route.endpoint, "__self__", None), JsonEndpoint)
                 for method in route.methods or ()
             }
+            direct = {key: endpoint.serve for key, endpoint in self._direct.items()}
             self._app = Starlette(
                 routes=routes,
                 lifespan=self._lifespan,
-                middleware=[Middleware(InboundGuard, in_flight=self.in_flight)],
+                middleware=[Middleware(InboundGuard, in_flight=self.in_flight, direct=direct)],
             )
         return self._app
 

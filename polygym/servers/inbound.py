@@ -14,18 +14,28 @@ Two guarantees a handler cannot give itself:
 
 It also counts the requests in flight (``InFlight``), which a server reports on ``GET /`` so that
 ``gym env status`` shows the load of every replica.
+
+**JSON routes skip the router.** A request to one of the server's JSON routes (``direct``, the same
+table in-process callers use) goes straight to its endpoint, with a Starlette ``Request`` on the
+same scope and the same response object. Routing, Starlette's exception middleware and their
+wrappers of ``send`` cost about as much as the handler of a model call (profiled on the
+benchmark's model endpoint), and a JSON endpoint catches its handler's exceptions itself.
+Everything else (``GET /``, mounts, routes with path parameters) goes through the app.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 import orjson
 
 from polygym.net.asgi_transport import ASGIApp, Message, Receive, Scope, Send
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
+
+DirectRoute = Callable[[Scope, Receive, Send], Awaitable[None]]
+"""A route served without the router: an ASGI callable for one (method, path)."""
 
 
 class InFlight:
@@ -52,11 +62,18 @@ class InboundGuard:
     """Wraps an ASGI app; non-HTTP scopes (lifespan) pass through untouched."""
 
     def __init__(
-        self, app: ASGIApp, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, in_flight: InFlight | None = None
+        self,
+        app: ASGIApp,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        in_flight: InFlight | None = None,
+        direct: Mapping[tuple[str, str], DirectRoute] | None = None,
     ) -> None:
+        """``direct``: the routes served without ``app``'s router, by (method, path); read at each
+        request, so a server may fill it after building its app."""
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.in_flight = in_flight or InFlight()
+        self.direct = direct if direct is not None else {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -101,8 +118,9 @@ class InboundGuard:
         serving = asyncio.current_task()
         assert serving is not None
         watcher = asyncio.ensure_future(exchange.cancel_on_disconnect(receive, serving))
+        app = self.direct.get((scope["method"], scope["path"])) if not scope.get("root_path") else None
         try:
-            await self.app(scope, exchange.receive, exchange.send)
+            await (app or self.app)(scope, exchange.receive, exchange.send)
         except asyncio.CancelledError:
             if not exchange.left or serving.cancelling() > 1:  # cancelled by someone else too
                 raise

@@ -51,6 +51,7 @@ from ray._private import ray_constants
 from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup
 
+from polygym.gc_pace import pace_for_rollouts
 from polygym.net.listen import AppServer
 from polygym.protocol import RESOURCES_KIND
 from polygym.stack import ray_gpu_groups as gpu_groups
@@ -167,6 +168,7 @@ class ReplicaHost:
     async def start(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Build and serve the servers of ``payload``; returns where each one listens."""
         _log_to(Path(payload["log_path"]))
+        pace_for_rollouts()
         specs = [spec_from_dict(spec) for spec in payload["specs"]]
         self._client = stack_client(payload["head_url"], payload.get("pool_size"))
         host = payload.get("bind_host") or node_address()

@@ -3,6 +3,7 @@
 import asyncio
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from pydantic import BaseModel, ValidationError
@@ -10,7 +11,9 @@ from starlette.routing import Route
 
 from polygym import Session, tool
 from polygym.authoring.testing import in_process_client
+from polygym.net import budget
 from polygym.net.asgi_transport import Handoff, asgi_request
+from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, bind_socket
 from polygym.servers.agent import Agent, AgentConfig
 from polygym.servers.base import BaseServer, ServerConfig, json_endpoint, owned_copy
@@ -94,6 +97,58 @@ async def test_a_request_body_over_the_limit_is_refused_before_the_handler_runs(
     assert status == 413 and b"request body over 100 bytes" in body
     status, _, _ = await asgi_request(guarded, "POST", "/x", b"x" * 100)
     assert status == 200 and seen == [b"x" * 100]
+
+
+async def test_a_direct_route_skips_the_app_behind_the_same_guard() -> None:
+    served: list[str] = []
+
+    def answering(who: str) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            served.append(f"{who} {(await receive())['body'].decode()}")
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        return app
+
+    guard = InboundGuard(answering("router"), max_body_bytes=10, direct={("POST", "/x"): answering("x")})
+    assert (await asgi_request(guard, "POST", "/x", b"1"))[0] == 200
+    assert (await asgi_request(guard, "GET", "/x", b"2"))[0] == 200
+    assert (await asgi_request(guard, "POST", "/y", b"3"))[0] == 200
+    assert (await asgi_request(guard, "POST", "/x", b"x" * 11))[0] == 413  # bounded all the same
+    assert served == ["x 1", "router 2", "router 3"]
+
+
+class Budgeted(BaseServer):
+    """Answers with what its handler saw of the request: its headers and the caller's budget."""
+
+    def routes(self) -> list[Route]:
+        return [*super().routes(), Route("/seen", json_endpoint(self._seen), methods=["POST"])]
+
+    async def _seen(self, body: Any, request: Any) -> dict[str, Any]:
+        left = budget.current()
+        return {"body": body, "agent": request.headers.get("user-agent"), "attempts": left.attempts}
+
+
+async def test_a_json_route_over_http_keeps_the_request_errors_and_routing_of_the_app() -> None:
+    server = Budgeted("budgeted")
+    app_server = AppServer(server.app, bind_socket("127.0.0.1", 0))
+    await app_server.start()
+    client = ServerClient()
+    client.set_address("budgeted", app_server.url)
+    try:
+        headers = {"user-agent": "probe", budget.ATTEMPTS_HEADER: "2"}
+        seen = await client.request_url("POST", app_server.url + "/seen", {"a": 1}, headers=headers)
+        assert seen.json() == {"body": {"a": 1}, "agent": "probe", "attempts": 2}
+        empty = await client.request_url("POST", app_server.url + "/seen")
+        assert empty.status == 200 and empty.json()["body"] == {}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(app_server.url + "/seen", data=b"{") as broken:
+                assert broken.status == 400 and "not valid JSON" in await broken.text()
+        assert (await client.request_url("GET", app_server.url + "/seen")).status == 405
+        assert (await client.request_url("POST", app_server.url + "/nowhere", {})).status == 404
+    finally:
+        await client.close()
+        await app_server.stop()
 
 
 class Gate(BaseModel):
