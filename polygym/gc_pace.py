@@ -9,7 +9,7 @@ full collections run several times a second, and each one walks every rollout in
 
 Measured with ``benchmarks/throughput.py`` at concurrency 1,024 and 200 ms model latency (inline
 stack, one process for the collector and the stack): at the default thresholds, 26 full
-collections took 3.9 s of a 10.5 s cell, and 3,116 young ones another 0.4 s. With the youngest
+collections took 3.9 s of a 10.5 s cell, and 3,400 younger ones another 1.0 s. With the youngest
 threshold at 50,000, the same cell made 12 young collections and no full one (0.5 s together) and
 ran in 6.1 s. Reference counting frees nearly all of a rollout: those collections found fewer than
 1,000 cyclic objects in all, so memory stays where it was.
