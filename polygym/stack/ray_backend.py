@@ -228,6 +228,8 @@ class Replica:
     actor: Any
     payload: dict[str, Any]
     max_restarts: int
+    whole_stack: bool = False
+    """A copy of the whole stack (``--workers``), however many servers the stack has."""
     restarts: int = 0
     entries: list[dict[str, Any]] = field(default_factory=list)
     """Its registry entries, one per server, once it serves."""
@@ -235,11 +237,11 @@ class Replica:
     @property
     def name(self) -> str:
         """What a death is reported under: the server, or the copy."""
-        return self.specs[0].name if len(self.specs) == 1 else f"copy {self.index}"
+        return f"copy {self.index}" if self.whole_stack else self.specs[0].name
 
     @property
     def label(self) -> str:
-        if len(self.specs) == 1:
+        if not self.whole_stack:
             return f"server '{self.name}' replica {self.index}"
         return f"{self.name} of the stack (serving {', '.join(spec.name for spec in self.specs)})"
 
@@ -355,7 +357,9 @@ class RayBackend:
             "bind_host": self.bind_host,
             "log_path": str(log_path),
         }
-        self.replicas.append(Replica(specs, index, actor, payload, placement.max_restarts))
+        self.replicas.append(
+            Replica(specs, index, actor, payload, placement.max_restarts, whole_stack=self.copies is not None)
+        )
 
     async def _group_for(self, name: str, placement: Placement) -> PlacementGroup | None:
         """The placement group of a GPU server's replicas, reserved now; None for other servers."""

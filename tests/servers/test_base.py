@@ -141,9 +141,11 @@ async def test_a_json_route_over_http_keeps_the_request_errors_and_routing_of_th
         assert seen.json() == {"body": {"a": 1}, "agent": "probe", "attempts": 2}
         empty = await client.request_url("POST", app_server.url + "/seen")
         assert empty.status == 200 and empty.json()["body"] == {}
-        async with aiohttp.ClientSession() as session:
-            async with session.post(app_server.url + "/seen", data=b"{") as broken:
-                assert broken.status == 400 and "not valid JSON" in await broken.text()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(app_server.url + "/seen", data=b"{") as broken,
+        ):
+            assert broken.status == 400 and "not valid JSON" in await broken.text()
         assert (await client.request_url("GET", app_server.url + "/seen")).status == 405
         assert (await client.request_url("POST", app_server.url + "/nowhere", {})).status == 404
     finally:

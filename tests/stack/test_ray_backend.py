@@ -12,6 +12,7 @@ import ipaddress
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,7 +24,7 @@ from polygym.collect.rollouts import Limits, Result, collect
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.row import make_job
 from polygym.stack.backend import LaunchError
-from polygym.stack.config import ConfigError
+from polygym.stack.config import ConfigError, ServerSpec
 from polygym.stack.launcher import Stack
 from tests.conftest import gone, gym_command, wait_until
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
@@ -32,7 +33,7 @@ from tests.stack.test_workers import kill_mid_run_then_resume
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from polygym.stack.ray_backend import connect_cluster  # noqa: E402
+from polygym.stack.ray_backend import Replica, connect_cluster  # noqa: E402
 from polygym.stack.ray_spread import TOKEN_CPU  # noqa: E402
 
 NODES = 3
@@ -147,6 +148,19 @@ async def test_copies_of_the_whole_stack_spread_over_nodes(cluster: Any) -> None
         await client.close()
         await stack.stop()
     assert wait_until(lambda: all(gone(pid) for pid in pids), 30.0)
+
+
+@pytest.mark.parametrize(
+    ("whole_stack", "name", "label"),
+    [
+        (True, "copy 0", "copy 0 of the stack (serving math)"),
+        (False, "math", "server 'math' replica 0"),
+    ],
+)
+def test_a_copy_of_a_one_server_stack_is_named_as_a_copy(whole_stack: bool, name: str, label: str) -> None:
+    spec = ServerSpec("math", "resources_servers", "math", {}, "test", Path("."))
+    replica = Replica([spec], 0, None, {}, max_restarts=1, whole_stack=whole_stack)
+    assert (replica.name, replica.label) == (name, label)
 
 
 async def test_a_killed_copy_is_named_and_every_server_of_it_serves_again(cluster: Any) -> None:
