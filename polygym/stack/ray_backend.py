@@ -27,9 +27,9 @@ The cluster: ``ray_address`` (``--ray-address``, ``RAY_ADDRESS``, config ``ray_a
 existing one; without it a local cluster is started on this machine and shut down with the stack.
 Every node must have polygym and the servers' packages installed (on KubeRay: in the image). A
 local cluster, and one joined at a loopback address, stays on 127.0.0.1 (``connect_cluster``), and
-each replica listens on the address its node has in the cluster. An address where nothing answers
-is refused within ``CONNECT_TIMEOUT_S``, naming where it came from: Ray itself would retry for
-many minutes.
+each replica listens on the address its node has in the cluster. An address where nothing answers,
+or where something that is not gRPC answers, is refused within ``CONNECT_TIMEOUT_S``, naming where
+it came from: Ray itself would retry for about 14 minutes.
 """
 
 from __future__ import annotations
@@ -119,18 +119,51 @@ def _loopback_kept() -> Iterator[None]:
             os.environ[env] = saved_env
 
 
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""A client's HTTP/2 connection preface and an empty SETTINGS frame (RFC 9113, 3.4 and 6.5)."""
+SETTINGS_FRAME = 4
+
+
 def check_reachable(address: str, source: str) -> None:
-    """A ConfigError naming ``source`` when nothing accepts a connection at ``address`` in time."""
+    """A ConfigError naming ``source`` unless a Ray cluster could answer at ``address``.
+
+    Nothing accepting the connection in time is one error. A port that accepts it but does not
+    speak gRPC (a web server, the dashboard's 8265 given for the GCS's 6379) is the other: Ray
+    would retry it for about 14 minutes (20 tries of ~41 s) before failing. Ray's GCS and its
+    client server (``ray://``) are gRPC servers, and an HTTP/2 server's first frame is SETTINGS,
+    so one round trip tells them apart. With ``RAY_USE_TLS`` the GCS expects a TLS handshake
+    first, and only the connection is checked.
+    """
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError([f"{source} {address!r}: expected HOST:PORT of a Ray cluster"])
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S) as sock:
+            first = b"" if _tls_on() else _first_reply(sock)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise ConfigError(
             [f"{source} {address}: no Ray cluster answers there within {CONNECT_TIMEOUT_S:g}s ({reason})"]
         ) from None
+    if not _tls_on() and (len(first) < 4 or first[3] != SETTINGS_FRAME):
+        heard = f"it answered {first[:40]!r}" if first else "it closed the connection without a word"
+        raise ConfigError(
+            [
+                f"{source} {address}: something listens there but it is not a Ray cluster ({heard}, "
+                "not gRPC); give the address of the head's GCS (port 6379 by default), or "
+                "ray://HOST:10001 for Ray Client"
+            ]
+        )
+
+
+def _first_reply(sock: socket.socket) -> bytes:
+    """What the server at ``sock`` answers to an HTTP/2 preface, up to one frame header."""
+    sock.sendall(HTTP2_PREFACE)
+    return sock.recv(9)
+
+
+def _tls_on() -> bool:
+    return os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
 
 
 def connect_cluster(address: str | None) -> bool:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import ipaddress
+import socketserver
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -33,7 +36,7 @@ from tests.stack.test_workers import kill_mid_run_then_resume
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from polygym.stack.ray_backend import Replica, connect_cluster  # noqa: E402
+from polygym.stack.ray_backend import CONNECT_TIMEOUT_S, Replica, check_reachable, connect_cluster  # noqa: E402
 from polygym.stack.ray_spread import TOKEN_CPU  # noqa: E402
 
 NODES = 3
@@ -419,6 +422,42 @@ def test_an_unreachable_cluster_address_exits_2_naming_it(command: str, tmp_path
     assert run.returncode == 2, run.stdout + run.stderr
     assert "--ray-address 127.0.0.1:1: no Ray cluster answers there" in " ".join(run.stderr.split())
     assert time.monotonic() - began < 30
+
+
+@contextlib.contextmanager
+def listening(kind: str) -> Iterator[str]:
+    """HOST:PORT of a loopback server that is not Ray: a web server, or one that hangs up at once."""
+    if kind == "web":
+        server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+    else:
+        server = socketserver.TCPServer(("127.0.0.1", 0), socketserver.BaseRequestHandler)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize(
+    ("kind", "heard"),
+    [("web", "it answered b'"), ("hangs up", "closed the connection without a word")],
+)
+def test_an_address_that_answers_but_is_not_ray_is_refused_at_once(kind: str, heard: str) -> None:
+    with listening(kind) as address:
+        began = time.monotonic()
+        with pytest.raises(ConfigError) as refused:
+            check_reachable(address, "--ray-address")
+    message = str(refused.value)
+    assert f"--ray-address {address}: something listens there but it is not a Ray cluster" in message
+    assert heard in message and time.monotonic() - began < CONNECT_TIMEOUT_S
+
+
+def test_a_real_cluster_passes_the_check(cluster: Any) -> None:
+    check_reachable(cluster.address, "--ray-address")
 
 
 def test_placement_options_are_refused_when_joining(tmp_path: Any) -> None:
