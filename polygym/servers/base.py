@@ -21,7 +21,7 @@ import inspect
 import logging
 import os
 import typing
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import SimpleNamespace
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -32,7 +32,7 @@ from starlette.datastructures import State
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from polygym.net import budget, failure
 from polygym.net.asgi_transport import Handoff, Receive, Scope, Send
@@ -178,6 +178,34 @@ def json_endpoint(
     return JsonEndpoint(handler, model).handle_request
 
 
+def direct_routes(routes: Sequence[BaseRoute]) -> dict[tuple[str, str], JsonEndpoint]:
+    """The JSON endpoints that callers may reach without the router, by (method, path).
+
+    Exactly those the router would pick: for each method and path the first route that matches
+    wins (a later route, or a tool named like a built-in route, never shadows an earlier one), a
+    route with path parameters is left to the router, and so is everything after a route that is
+    not a plain ``Route`` (a mount may match any path below it).
+    """
+    table: dict[tuple[str, str], JsonEndpoint] = {}
+    taken: set[tuple[str, str]] = set()
+    every_method: set[str] = set()
+    """Paths where a route without methods (an ASGI app) takes whatever is left."""
+    for route in routes:
+        if not isinstance(route, Route):
+            break
+        if route.methods is None:
+            every_method.add(route.path)
+            continue
+        endpoint = getattr(route.endpoint, "__self__", None)
+        for key in ((method, route.path) for method in route.methods):
+            if key in taken or route.path in every_method:
+                continue
+            taken.add(key)
+            if isinstance(endpoint, JsonEndpoint) and "{" not in route.path:
+                table[key] = endpoint
+    return table
+
+
 def body_model(method: Callable[..., Any], param: str = "body") -> type[BaseModel] | None:
     """The pydantic model annotated on ``method``'s ``param`` (None when not a model)."""
     hints = typing.get_type_hints(method)
@@ -242,12 +270,7 @@ class BaseServer(Generic[ConfigT]):
     def app(self) -> Starlette:
         if self._app is None:
             routes = self.routes()
-            self._direct = {
-                (method, route.path): endpoint
-                for route in routes
-                if isinstance(endpoint := getattr(route.endpoint, "__self__", None), JsonEndpoint)
-                for method in route.methods or ()
-            }
+            self._direct = direct_routes(routes)
             direct = {key: endpoint.serve for key, endpoint in self._direct.items()}
             self._app = Starlette(
                 routes=routes,

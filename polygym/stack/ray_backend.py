@@ -138,28 +138,46 @@ def check_reachable(address: str, source: str) -> None:
     if not host or not port.isdigit():
         raise ConfigError([f"{source} {address!r}: expected HOST:PORT of a Ray cluster"])
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S) as sock:
-            first = b"" if _tls_on() else _first_reply(sock)
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise ConfigError(
             [f"{source} {address}: no Ray cluster answers there within {CONNECT_TIMEOUT_S:g}s ({reason})"]
         ) from None
-    if not _tls_on() and (len(first) < 4 or first[3] != SETTINGS_FRAME):
-        heard = f"it answered {first[:40]!r}" if first else "it closed the connection without a word"
-        raise ConfigError(
-            [
-                f"{source} {address}: something listens there but it is not a Ray cluster ({heard}, "
-                "not gRPC); give the address of the head's GCS (port 6379 by default), or "
-                "ray://HOST:10001 for Ray Client"
-            ]
-        )
+    with sock:
+        if _tls_on():
+            return
+        first, problem = _first_frame(sock)
+    if len(first) == 9 and first[3] == SETTINGS_FRAME:
+        return
+    heard = f"it answered {first[:40]!r}" if first else problem or "it closed the connection without a word"
+    if first[:1] in (b"\x15", b"\x16"):
+        heard += ": a TLS record; if the cluster uses TLS, set RAY_USE_TLS=1"
+    raise ConfigError(
+        [
+            f"{source} {address}: something listens there but it is not a Ray cluster ({heard}, "
+            "not gRPC); give the address of the head's GCS (port 6379 by default), or "
+            "ray://HOST:10001 for Ray Client"
+        ]
+    )
 
 
-def _first_reply(sock: socket.socket) -> bytes:
-    """What the server at ``sock`` answers to an HTTP/2 preface, up to one frame header."""
-    sock.sendall(HTTP2_PREFACE)
-    return sock.recv(9)
+def _first_frame(sock: socket.socket) -> tuple[bytes, str]:
+    """What the server at ``sock`` answers to an HTTP/2 preface, up to one frame header (9 bytes),
+    and why it stopped short: the connection failed, or no reply came within the timeout."""
+    received = b""
+    try:
+        sock.sendall(HTTP2_PREFACE)
+        while len(received) < 9:
+            chunk = sock.recv(9 - len(received))
+            if not chunk:
+                return received, ""
+            received += chunk
+    except TimeoutError:
+        return received, f"no reply to an HTTP/2 preface within {CONNECT_TIMEOUT_S:g}s"
+    except OSError as exc:
+        return received, f"the connection failed after it opened: {exc.strerror or type(exc).__name__}"
+    return received, ""
 
 
 def _tls_on() -> bool:

@@ -7,7 +7,7 @@ import aiohttp
 import orjson
 import pytest
 from pydantic import BaseModel, ValidationError
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from polygym import Session, tool
 from polygym.authoring.testing import in_process_client
@@ -16,7 +16,14 @@ from polygym.net.asgi_transport import Handoff, asgi_request
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, bind_socket
 from polygym.servers.agent import Agent, AgentConfig
-from polygym.servers.base import BaseServer, ServerConfig, json_endpoint, owned_copy
+from polygym.servers.base import (
+    BaseServer,
+    JsonEndpoint,
+    ServerConfig,
+    direct_routes,
+    json_endpoint,
+    owned_copy,
+)
 from polygym.servers.episodic import EpisodicConfig, EpisodicServer
 from polygym.servers.inbound import InboundGuard
 from polygym.servers.model import ModelServer
@@ -116,6 +123,27 @@ async def test_a_direct_route_skips_the_app_behind_the_same_guard() -> None:
     assert (await asgi_request(guard, "POST", "/y", b"3"))[0] == 200
     assert (await asgi_request(guard, "POST", "/x", b"x" * 11))[0] == 413  # bounded all the same
     assert served == ["x 1", "router 2", "router 3"]
+
+
+def test_direct_routes_are_the_ones_the_router_would_pick() -> None:
+    first, second, third, fourth = (JsonEndpoint(lambda body, request: body) for _ in range(4))
+
+    class Asgi:  # an object, not a function: Starlette routes every method to it, as to the MCP bridge
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            raise AssertionError("not called")
+
+    table = direct_routes(
+        [
+            Route("/a", first.handle_request, methods=["POST"]),
+            Route("/a", second.handle_request, methods=["POST", "PUT"]),  # only PUT is still free
+            Route("/p/{x}", third.handle_request, methods=["POST"]),  # path parameters: the router's
+            Route("/m", Asgi()),  # an ASGI app takes every method at /m
+            Route("/m", fourth.handle_request, methods=["POST"]),
+            Mount("/sub", routes=[]),
+            Route("/after", fourth.handle_request, methods=["POST"]),  # a mount may match first
+        ]
+    )
+    assert table == {("POST", "/a"): first, ("PUT", "/a"): second}
 
 
 class Budgeted(BaseServer):

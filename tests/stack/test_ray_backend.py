@@ -424,15 +424,25 @@ def test_an_unreachable_cluster_address_exits_2_naming_it(command: str, tmp_path
     assert time.monotonic() - began < 30
 
 
+class TlsAlert(socketserver.BaseRequestHandler):
+    """What a TLS server sends to a client that does not open with a handshake: an alert record."""
+
+    def handle(self) -> None:
+        self.request.recv(64)
+        self.request.sendall(bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46]))
+
+
 @contextlib.contextmanager
 def listening(kind: str) -> Iterator[str]:
-    """HOST:PORT of a loopback server that is not Ray: a web server, or one that hangs up at once."""
+    """HOST:PORT of a loopback server that is not Ray: a web server, one that hangs up at once, or
+    a TLS server."""
     if kind == "web":
         server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
     else:
-        server = socketserver.TCPServer(("127.0.0.1", 0), socketserver.BaseRequestHandler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        server = socketserver.ThreadingTCPServer(
+            ("127.0.0.1", 0), TlsAlert if kind == "tls" else socketserver.BaseRequestHandler
+        )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         yield f"127.0.0.1:{server.server_address[1]}"
@@ -444,7 +454,11 @@ def listening(kind: str) -> Iterator[str]:
 
 @pytest.mark.parametrize(
     ("kind", "heard"),
-    [("web", "it answered b'"), ("hangs up", "closed the connection without a word")],
+    [
+        ("web", "it answered b'"),
+        ("hangs up", "closed the connection without a word"),
+        ("tls", "a TLS record; if the cluster uses TLS, set RAY_USE_TLS=1"),
+    ],
 )
 def test_an_address_that_answers_but_is_not_ray_is_refused_at_once(kind: str, heard: str) -> None:
     with listening(kind) as address:
