@@ -12,7 +12,10 @@ stack, one process for the collector and the stack): at the default thresholds, 
 collections took 3.9 s of a 10.5 s cell, and 3,400 younger ones another 1.0 s. With the youngest
 threshold at 50,000, the same cell made 12 young collections and no full one (0.5 s together) and
 ran in 6.1 s. Reference counting frees nearly all of a rollout: those collections found fewer than
-1,000 cyclic objects in all, so memory stays where it was.
+1,000 cyclic objects in all, so memory stays where it was. Failures do make cycles (an exception's
+traceback holds the frames that hold the request), so a failure storm was measured too: 20,000
+rollouts of 100 KB rows at concurrency 1,024, every model call answered 400, peaked at 1,216 MiB
+paced against 1,262 MiB at the default thresholds.
 
 Only the youngest threshold is raised, and only upward: a process that already collects less often
 (a trainer that tuned its own) keeps its setting, and one with the collector disabled stays so.
