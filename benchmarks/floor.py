@@ -20,7 +20,7 @@ import time
 import aiohttp
 
 from benchmarks.harness import cpu_seconds, percentile, print_table, write_json
-from polygym.cli.base import run_async  # uvloop, as the gym command uses
+from polygym.event_loop import run_async  # uvloop, as the gym command uses
 
 SERVER = """
 import sys

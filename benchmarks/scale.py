@@ -24,11 +24,11 @@ from pathlib import Path
 
 from benchmarks.harness import MemorySampler, print_table, write_json
 from benchmarks.throughput import AGENTS, ENVS, mixed_input
-from polygym.cli.base import run_async  # uvloop, as the gym command uses
 from polygym.collect.dataset import Materialization, load_jobs
 from polygym.collect.eval_run import run_eval
 from polygym.collect.rollouts import Limits
 from polygym.collect.run_files import RunFiles
+from polygym.event_loop import run_async  # uvloop, as the gym command uses
 from polygym.jsonl import count_rows
 from polygym.net.client import ServerClient
 from polygym.stack.catalog import selector_paths

@@ -5,7 +5,7 @@ CPU mixes the HTTP server with the policy. This one separates the server: each s
 same fixed reply to the same 2 KB POST, one process each, driven by the same aiohttp client at
 --concurrency, and only the server process's CPU is counted. The polygym side is a ``BaseServer``
 with one ``json_endpoint`` route, served as ``gym env start`` serves it (uvicorn on a bound socket,
-``InboundGuard``, the direct JSON route, the GC pace of ``run_async``).
+``InboundGuard``, the direct JSON route, the GC pace of ``polygym.event_loop``).
 
     python -m benchmarks.server_cost --requests 20000 --concurrency 64
 """
@@ -24,12 +24,12 @@ import psutil
 
 from benchmarks.floor import SERVER as BARE_AIOHTTP
 from benchmarks.harness import ROOT, print_table, write_json
-from polygym.cli.base import run_async
+from polygym.event_loop import run_async
 
 POLYGYM = """
 import asyncio, sys
 from starlette.routing import Route
-from polygym.cli.base import run_async
+from polygym.event_loop import run_async
 from polygym.net.listen import AppServer, bind_socket
 from polygym.servers.base import BaseServer, json_endpoint
 TEXT = [{"type": "output_text", "text": "ok"}]

@@ -33,9 +33,9 @@ from typing import Any
 from benchmarks.harness import GymStack, MemorySampler, cpu_seconds, percentile, print_table, write_json
 from polygym.blend.mix import load_blend
 from polygym.blend.spec import spec_from_flags
-from polygym.cli.base import run_async  # uvloop, as the gym command uses
 from polygym.collect.dataset import Materialization, load_jobs
 from polygym.collect.rollouts import Limits, collect
+from polygym.event_loop import run_async  # uvloop, as the gym command uses
 from polygym.jsonl import write_jsonl
 from polygym.net.client import ServerClient
 from polygym.stack.catalog import selector_paths

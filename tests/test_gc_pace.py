@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from polygym.cli.base import run_async
+from polygym.event_loop import run_async
 from polygym.gc_pace import YOUNG_THRESHOLD, pace_for_rollouts
 
 

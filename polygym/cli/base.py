@@ -6,11 +6,10 @@ they name is merged, in that order, then ``key=value`` overrides from the comman
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import sys
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -21,7 +20,6 @@ from rich.console import Console
 
 from polygym.cli.nemo_gym_commands import SELECTOR_FLAGS_NOT_PROVIDED, not_provided
 from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
-from polygym.gc_pace import pace_for_rollouts
 from polygym.protocol import MODEL_KIND
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
 from polygym.stack.config import CONFIG_PATHS, ConfigError, StackConfig, load_config
@@ -249,14 +247,3 @@ def console(stderr: bool = False) -> Console:
 def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     click.secho(f"error: {message}", fg="red", err=True)
     sys.exit(code)
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on uvloop when available (faster HTTP), else asyncio's loop, with the garbage
-    collector paced for rollouts in flight (``polygym.gc_pace``)."""
-    pace_for_rollouts()
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)

@@ -23,11 +23,11 @@ from polygym.cli.base import (
     console,
     fail,
     load_stack_config,
-    run_async,
     selector_options,
 )
 from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.placement_options import placement_options, replica_counts
+from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import NO_RETRY
 from polygym.stack import records as stacks

@@ -28,7 +28,6 @@ from polygym.cli.base import (
     fail,
     load_stack_config,
     refuse_given,
-    run_async,
     selector_options,
 )
 from polygym.cli.compare import compare_command
@@ -54,6 +53,7 @@ from polygym.collect.row_overrides import ROW_PARAMS, RowOverrides, split_overri
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
 from polygym.collect.sampling import sampling_problems
 from polygym.collect.stack_watch import StackHealth
+from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.redact import redact_argv
 from polygym.row import ALL_ENVS, env_label

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from polygym.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, fail, run_async
+from polygym.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, fail
 from polygym.cli.interrupt import Interrupted, until_interrupted
+from polygym.event_loop import run_async
 
 
 @click.command("view")

@@ -68,12 +68,11 @@ class InboundGuard:
         in_flight: InFlight | None = None,
         direct: Mapping[tuple[str, str], DirectRoute] | None = None,
     ) -> None:
-        """``direct``: the routes served without ``app``'s router, by (method, path); read at each
-        request, so a server may fill it after building its app."""
+        """``direct``: the routes served without ``app``'s router, by (method, path)."""
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.in_flight = in_flight or InFlight()
-        self.direct = direct if direct is not None else {}
+        self.direct = direct or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

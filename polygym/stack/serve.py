@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from polygym.gc_pace import pace_for_rollouts
+from polygym.event_loop import run_async
 from polygym.net.client import ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.stack.backend import spec_from_dict, stack_client
@@ -88,13 +88,7 @@ async def serve(payload: dict[str, Any]) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     payload = orjson.loads(sys.stdin.buffer.read())
-    pace_for_rollouts()
-    try:
-        import uvloop
-
-        uvloop.run(serve(payload))
-    except ImportError:
-        asyncio.run(serve(payload))
+    run_async(serve(payload))
 
 
 if __name__ == "__main__":
