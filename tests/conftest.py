@@ -65,6 +65,10 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
 
 
 def gym_command(*args: str) -> list[str]:
+    """``gym ARGS`` as a child process; a ``gym env start`` binds its head on any free port unless the
+    test names one, so tests running in parallel never race for the default port 11000."""
+    if args[:2] == ("env", "start") and "--head-port" not in args:
+        args = (*args, "--head-port", "0")
     return [sys.executable, "-m", "polygym", *args]
 
 

@@ -262,6 +262,7 @@ async def test_disk_fill_stops_at_disk_mb():
     assert written <= 8 * 1024 * 1024 and "No space left" in error
 
 
+@pytest.mark.slow
 async def test_sleeping_past_the_wall_clock_is_killed_and_scores_zero():
     code = src(
         """

@@ -149,8 +149,8 @@ def validate(files: tuple[Path, ...], envs: tuple[str, ...], as_json: bool) -> N
 
 def _print_validation(report: ValidationReport) -> None:
     err = console(stderr=True)
-    for problem in report.problems[:200]:
-        err.print(escape(problem))
+    for problem in report.problems[:200]:  # one line each, however long: file:line: field: why
+        err.print(escape(problem), soft_wrap=True)
     if len(report.problems) > 200:
         err.print(f"... and {len(report.problems) - 200} more")
     out = console()

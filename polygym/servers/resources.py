@@ -114,6 +114,10 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
     """
 
     kind: ClassVar[str] = RESOURCES_KIND
+    cpu_worker_initializer: ClassVar[Callable[[], Any] | None] = None
+    """Runs once in each new ``cpu_pool`` worker, before its first call: a module-level function that
+    imports and warms what the calls need, so that a replacement worker (after a timeout killed one)
+    does not pay for sympy's import inside the next rollout's time limit."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -202,7 +206,9 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
     async def startup(self) -> None:
         if self.config.cpu_workers != 0:
             self._cpu_pool = CpuPool(
-                workers=self.config.cpu_workers, slow_after_s=self.config.cpu_slow_after_s
+                workers=self.config.cpu_workers,
+                initializer=type(self).cpu_worker_initializer,
+                slow_after_s=self.config.cpu_slow_after_s,
             )
         self.sessions.start_sweeper()
         if self._mcp:

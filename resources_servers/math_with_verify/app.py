@@ -30,7 +30,7 @@ from polygym import (
     metrics,
 )
 from polygym.servers.extras import require_extra
-from resources_servers.math_with_verify.grading import answer_latex, grade
+from resources_servers.math_with_verify.grading import answer_latex, grade, warm_up
 
 
 class MathWithVerifyConfig(ResourcesServerConfig):
@@ -78,6 +78,8 @@ class MathVerifyResponse(MathVerifyRequest, VerifyResponse):
 
 
 class MathWithVerify(ResourcesServer[MathWithVerifyConfig]):
+    cpu_worker_initializer = warm_up
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         require_extra(self.name, "envs", "math_verify", "sympy")  # imported by the workers only

@@ -98,6 +98,13 @@ def grade(text: str, expected: str, allow_unanchored: bool, step_timeout_s: int)
     return result
 
 
+def warm_up() -> None:
+    """A worker's first grade, before any rollout's time limit starts: imports sympy and
+    math-verify and builds their LaTeX parser (seconds on a busy machine), so that a worker started
+    to replace a killed one grades the next answer within the limit (``cpu_worker_initializer``)."""
+    grade("\\boxed{1}", "1", allow_unanchored=False, step_timeout_s=60)
+
+
 def answer_latex(answer: str) -> str:
     """``3/4`` as ``\\frac{3}{4}`` (and ``-3/4`` as ``-\\frac{3}{4}``); other answers unchanged."""
     match = FRACTION.match(answer.strip())

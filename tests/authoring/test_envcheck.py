@@ -17,6 +17,8 @@ from polygym.authoring.check import FAIL, PASS, SKIP, check_env
 from polygym.stack.catalog import list_implementations
 from tests.conftest import ROOT, gym_command
 
+pytestmark = pytest.mark.e2e
+
 SHIPPED = list_implementations("resources_servers")
 
 

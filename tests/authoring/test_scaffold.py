@@ -14,6 +14,8 @@ from polygym.authoring.check import PASS, check_env
 from polygym.jsonl import iter_jsonl
 from tests.conftest import run_gym
 
+pytestmark = pytest.mark.e2e
+
 NAME = "my_env"
 
 

@@ -111,6 +111,7 @@ def test_extra_draws_are_deterministic_and_prefer_rows_the_step_lacks(tmp_path: 
         DynamicSampling(0)
 
 
+@pytest.mark.slow
 async def test_steps_keep_their_quotas_say_the_bound_and_continue_exactly(tmp_path: Path) -> None:
     """The scripted policy is deterministic: every group has zero variance, every bound is reached."""
     config = load_config(selector_paths(list(ENVS), ["scripted_model"], []), [], env_files=[])

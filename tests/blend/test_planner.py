@@ -34,6 +34,7 @@ def demands(draw: st.DrawFn, with_minimums: bool = True) -> list[EnvDemand]:
     return out
 
 
+@pytest.mark.slow
 @given(demands(), st.integers(min_value=1, max_value=300))
 @settings(max_examples=300, deadline=None, database=None)
 def test_quotas_are_exact_and_honour_minimums(envs: list[EnvDemand], total: int) -> None:
@@ -50,6 +51,7 @@ def test_quotas_are_exact_and_honour_minimums(envs: list[EnvDemand], total: int)
     assert quotas == apportion(envs, total)  # deterministic
 
 
+@pytest.mark.slow
 @given(demands(with_minimums=False), st.integers(min_value=1, max_value=300))
 @settings(max_examples=300, deadline=None, database=None)
 def test_without_minimums_every_quota_is_within_one_of_its_weight_share(
@@ -74,6 +76,7 @@ def test_without_minimums_every_quota_is_within_one_of_its_weight_share(
     ],
     11,
 )
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, database=None)
 def test_pinned_environments_get_exactly_their_minimum_and_the_rest_follow_weights(
     envs: list[EnvDemand], total: int
@@ -92,6 +95,7 @@ def test_pinned_environments_get_exactly_their_minimum_and_the_rest_follow_weigh
                 assert a.quota >= b.quota - 1
 
 
+@pytest.mark.slow
 @given(demands(), st.integers(min_value=0, max_value=4))
 @settings(max_examples=200, deadline=None, database=None)
 def test_suggested_step_size_needs_no_forcing_and_no_warning(envs: list[EnvDemand], warn_below: int) -> None:

@@ -6,6 +6,7 @@ from collections import Counter
 from fractions import Fraction
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,7 @@ def test_every_step_has_exactly_the_planned_quotas(blend: tuple[StepSampler, dic
     assert all(item.row in rows[item.env] for item in step.items)
 
 
+@pytest.mark.slow
 @given(blends(), st.integers(min_value=0, max_value=30), st.integers(min_value=1, max_value=10))
 @settings(max_examples=150, deadline=None, database=None)
 def test_resume_from_a_step_equals_the_uninterrupted_sequence(

@@ -14,6 +14,8 @@ from polygym.cli import gym
 from polygym.stack.environment import describe_environment
 from tests.conftest import ROOT, gym_command
 
+pytestmark = pytest.mark.e2e
+
 
 def test_json_lists_user_and_shipped_environments(tmp_path: Path) -> None:
     create_environment("zz_user_env", tmp_path)

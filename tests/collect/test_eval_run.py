@@ -69,6 +69,7 @@ async def test_a_fallback_to_generic_metrics_is_warned_and_marked(
     assert "verify_responses Field required" in warning
 
 
+@pytest.mark.slow
 def test_a_run_keeps_a_few_bytes_per_finished_rollout(tmp_path: Path) -> None:
     """What the collector keeps of each rollout it writes: its latency (8 bytes) and a bit for its
     repeat index. A list of latencies and the health monitor's records kept ~180 bytes each, which

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from polygym.collect import health
 from polygym.jsonl import write_jsonl
@@ -141,6 +142,7 @@ def test_quarantine_needs_enough_rollouts_and_a_rate_over_the_threshold() -> Non
     assert monitor.quarantine_reason("other_agent") is None
 
 
+@pytest.mark.e2e
 def test_health_check_command_on_a_real_run(tmp_path: Path) -> None:
     """A scripted run where the model sends a hollow answer and a tool call its schema rejects."""
     source = ROOT / "resources_servers/example_multi_step/data/example.jsonl"

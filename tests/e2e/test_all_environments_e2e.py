@@ -11,11 +11,14 @@ import subprocess
 from pathlib import Path
 
 import orjson
+import pytest
 
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl
 from polygym.stack.catalog import list_implementations
 from tests.conftest import gym_command
+
+pytestmark = pytest.mark.e2e
 
 
 def test_every_environment_in_one_run(tmp_path: Path) -> None:

@@ -29,6 +29,8 @@ from polygym.stack.launcher import Stack
 from responses_api_models.scripted_model.app import ScriptedModel
 from tests.conftest import interrupt_gym, row_keys, run_gym, wait_until
 
+pytestmark = pytest.mark.e2e
+
 ENVS = ("example_single_tool_call", "example_multi_step")
 SERVE = ["--model-type", "scripted_model", *[a for e in ENVS for a in ("--resources-server", e)]]
 

@@ -29,6 +29,8 @@ from polygym.stack.launcher import Stack
 from tests.conftest import gym_command, row_keys, run_gym, wait_until
 from tests.e2e.test_eval_e2e import ENVS, SERVE, mixed_input
 
+pytestmark = pytest.mark.e2e
+
 LATENCY = "policy_model.responses_api_models.scripted_model.latency_ms"
 
 

@@ -6,11 +6,14 @@ import subprocess
 from pathlib import Path
 
 import orjson
+import pytest
 
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl
 from polygym.servers.judge import JUDGE_FAILED
 from tests.conftest import JUDGE_CONFIG, JUDGE_DATA, JUDGE_SERVE, run_gym
+
+pytestmark = pytest.mark.e2e
 
 
 def run(tmp_path: Path, judge_answer: str, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -30,6 +30,8 @@ from resources_servers.example_session_state_mgmt.app import ExampleSessionState
 mcp = pytest.importorskip("mcp")
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 
 @contextlib.asynccontextmanager
 async def serving(

@@ -23,6 +23,8 @@ from responses_api_models.openai_model.app import OpenAIModel
 from responses_api_models.scripted_model.app import ScriptedModel
 from tests.conftest import WEATHER_RULE
 
+pytestmark = pytest.mark.e2e
+
 T = TypeVar("T")
 
 WEATHER_TOOL: Any = {

@@ -32,6 +32,8 @@ from polygym.stack.nemo_gym_server import free_port
 from tests.conftest import ROOT, run_gym
 from tests.nemo_gym_tools import nemo_gym_command, nemo_gym_env, run_nemo_gym, tools_python
 
+pytestmark = [pytest.mark.e2e, pytest.mark.nemo_gym]
+
 ENVIRONMENTS = ("example_single_tool_call", "example_multi_step")
 NEMO_ENV = "example_single_tool_call"
 NEMO_AGENT = f"{NEMO_ENV}_simple_agent"

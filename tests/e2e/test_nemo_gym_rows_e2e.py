@@ -28,6 +28,8 @@ from polygym.stack.catalog import list_implementations
 from tests.conftest import gym_command
 from tests.nemo_gym_wheel import nemo_gym_wheel
 
+pytestmark = [pytest.mark.e2e, pytest.mark.nemo_gym]
+
 SHARED = (
     "example_multi_step",
     "example_session_state_mgmt",

@@ -43,6 +43,8 @@ from polygym.stack.nemo_gym_server import env_inputs, is_nemo_gym_server
 from tests.conftest import gym_command, run_gym
 from tests.nemo_gym_wheel import NEMO_GYM_PYTHON, env_cache, nemo_gym_tree
 
+pytestmark = [pytest.mark.e2e, pytest.mark.nemo_gym]
+
 Turns = list[dict[str, Any]]
 BUILD_TIMEOUT_S = 1800
 """The first run on a machine builds NeMo Gym's environment (pip, ~300 packages)."""

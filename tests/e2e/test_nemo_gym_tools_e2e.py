@@ -30,6 +30,8 @@ from polygym.view.runs import discover
 from tests.conftest import ROOT, run_gym
 from tests.nemo_gym_tools import run_nemo_gym, run_nemo_gym_code, tools_python
 
+pytestmark = [pytest.mark.e2e, pytest.mark.nemo_gym]
+
 ENV = "example_single_tool_call"
 AGENT = f"{ENV}_simple_agent"
 STACK = ("--model-type", "scripted_model", "--resources-server", ENV)

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import psutil
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -26,6 +27,8 @@ from polygym.stack.launcher import Stack
 from polygym.stack.session import StackSession, StackTarget
 from tests.conftest import gym_command
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
+
+pytestmark = pytest.mark.e2e
 
 AGENT = f"{ENVS[0]}_simple_agent"
 

@@ -19,6 +19,8 @@ from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.servers.judge import JUDGE_FAILED
 from tests.conftest import JUDGE_CONFIG, JUDGE_DATA, JUDGE_SERVE, ROOT, interrupt_gym, row_keys, run_gym
 
+pytestmark = pytest.mark.e2e
+
 ENV = "example_single_tool_call"
 AGENT = f"{ENV}_simple_agent"
 SERVE = ["--model-type", "scripted_model", "--resources-server", ENV]

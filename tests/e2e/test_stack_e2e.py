@@ -18,6 +18,8 @@ from polygym.stack.config import load_config
 from polygym.stack.launcher import Stack
 from tests.conftest import ROOT, gone, gym_command, wait_until
 
+pytestmark = pytest.mark.e2e
+
 ENVS = ("example_single_tool_call", "example_multi_step")
 SELECTORS = ["--model-type", "scripted_model", *[a for e in ENVS for a in ("--resources-server", e)]]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 from omegaconf import OmegaConf
 from openai.types.responses import Response
 from openai.types.responses.response_function_tool_call_output_item import (
@@ -23,6 +24,8 @@ from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.launcher import Stack
 from tests.e2e.test_stack_e2e import example_rows
+
+pytestmark = pytest.mark.e2e
 
 ENVS = ("example_single_tool_call", "example_multi_step")
 

@@ -53,6 +53,7 @@ async def test_no_pool_by_default() -> None:
             server.cpu_pool  # noqa: B018
 
 
+@pytest.mark.slow
 async def test_slow_calls_do_not_starve_ordinary_ones() -> None:
     """Five slow calls on two workers used to delay an ordinary one by three rounds of their runtime;
     with the overflow lane (four more processes) it waits about ``slow_after_s`` behind them."""

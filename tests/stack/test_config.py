@@ -496,6 +496,8 @@ def test_implementation_named_after_a_variant_runs_the_folder_holding_its_config
     assert any("unknown resources_servers implementation 'weather_arctic'" in p for p in problems_of(excinfo))
 
 
+@pytest.mark.slow
+@pytest.mark.nemo_gym
 def test_nemo_gym_own_configs_load_or_are_refused_clearly() -> None:
     """Every config file of NeMo Gym 0.7 (561) loads, or is refused with a ConfigError, never a crash
     (benchmarks/nemo_gym_configs.py; 437 were accepted when this was written, 290 before #12)."""

@@ -12,6 +12,8 @@ from polygym.errors import ConfigError
 from polygym.stack import env_build
 from polygym.stack.env_build import EnvBuildError, EnvInputs, ensure_env, find_python
 
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.slow]
+
 INPUTS = EnvInputs(
     python=sys.executable,
     python_version="3.12.1",

@@ -18,6 +18,8 @@ from polygym.stack.launcher import Stack
 from tests.conftest import gym_command
 from tests.e2e.test_stack_e2e import ENVS, example_rows
 
+pytestmark = pytest.mark.e2e
+
 MODEL = "policy_model"
 
 

@@ -39,6 +39,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from polygym.stack.ray_backend import CONNECT_TIMEOUT_S, Replica, check_reachable, connect_cluster  # noqa: E402
 from polygym.stack.ray_spread import TOKEN_CPU  # noqa: E402
 
+pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+
 NODES = 3
 MULTI = "example_multi_step"
 LOOPBACK_NODE: dict[str, Any] = {"num_cpus": 1, "node_ip_address": "127.0.0.1"}

@@ -22,6 +22,7 @@ def config() -> StackConfig:
     return load_config(selector_paths([ENV], ["scripted_model"], []), env_files=[])
 
 
+@pytest.mark.e2e
 async def test_subprocess_stack_client_is_closed_and_stack_stopped() -> None:
     """With ``--backend subprocess`` the session creates its own HTTP client; it must not leak."""
     async with StackSession(StackTarget(config(), backend="subprocess", record=False)) as session:

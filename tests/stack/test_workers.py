@@ -27,6 +27,8 @@ from tests.e2e.test_eval_e2e import SERVE
 from tests.e2e.test_eval_guards_e2e import LATENCY, finish, start_run
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
 
+pytestmark = pytest.mark.e2e
+
 SINGLE = "example_single_tool_call"
 
 

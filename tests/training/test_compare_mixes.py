@@ -23,6 +23,8 @@ from polygym.jsonl import iter_jsonl
 from polygym.training.compare_mixes import parse_arm
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow
+
 ENVS = ("mcqa", "keyword_constraints", "example_single_tool_call")
 
 

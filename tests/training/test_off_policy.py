@@ -25,6 +25,8 @@ from polygym.training.off_policy import (
     truncated_is_ratios,
 )
 
+pytestmark = pytest.mark.slow
+
 
 def test_truncated_is_ratio_on_known_log_probs() -> None:
     train = [-1.0, -2.0, -0.5, -0.1]

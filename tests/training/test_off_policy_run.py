@@ -15,6 +15,8 @@ from click.testing import CliRunner
 from polygym.cli import gym
 from polygym.jsonl import iter_jsonl
 
+pytestmark = pytest.mark.slow
+
 
 def _spec(tmp_path: Path) -> Path:
     spec = tmp_path / "blend.yaml"

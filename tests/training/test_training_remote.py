@@ -31,6 +31,8 @@ from polygym.row import ALL_ENVS
 from polygym.training.collector import TokenCollector
 from polygym.training.tokens import TokenRollout
 
+pytestmark = pytest.mark.e2e
+
 END = "<|end|>"
 SECRET = 2  # every game below hides 2 in 1..8; the fake policy guesses 1, then 2
 

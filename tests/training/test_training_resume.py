@@ -28,6 +28,8 @@ from polygym.jsonl import iter_jsonl
 from polygym.row import ROLLOUT_INDEX, TASK_INDEX
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow
+
 KILL_AFTER_STEP = 1
 STEPS = 3
 PROMPTS = 2

@@ -23,6 +23,8 @@ from polygym.cli import gym
 from polygym.jsonl import iter_jsonl
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow
+
 GAME = {
     "responses_create_params": {"input": [{"role": "system", "content": "Guess."}], "max_output_tokens": 4},
     "game": {"low": 1, "high": 4, "secret": 2, "max_guesses": 2},

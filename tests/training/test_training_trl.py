@@ -210,6 +210,7 @@ def test_plan_normalization_trains_and_refuses_a_per_sequence_loss(setup: dict[s
         PolygymGRPO(collector, steps=1, gradient_share="equal")  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_every_log_record_carries_per_environment_metrics_for_report_to(setup: dict[str, Any]) -> None:
     """What a report_to backend (W&B, TensorBoard...) receives: a callback's ``on_log`` sees exactly the
     records they see. With dynamic sampling on, its draws are there too, and the batch keeps its layout."""

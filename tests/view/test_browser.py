@@ -29,10 +29,13 @@ from selenium.webdriver.common.by import By  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and DRIVER),
-    reason="needs chromium and chromedriver (apt-get install chromium chromium-driver)",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (CHROMIUM and DRIVER),
+        reason="needs chromium and chromedriver (apt-get install chromium chromium-driver)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

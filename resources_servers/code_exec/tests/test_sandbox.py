@@ -71,6 +71,7 @@ async def test_infinite_loop_is_stopped_per_test(sandbox):
     assert all("time limit" in o.error for o in result.outcomes.values())
 
 
+@pytest.mark.slow
 async def test_loop_that_ignores_the_timer_hits_the_wall_clock(sandbox):
     code = src(
         """

@@ -185,5 +185,6 @@ def test_dataset_has_five_valid_rows_with_parsable_prompts():
     assert len({tuple(row["expected_synonyms"]) for row in ROWS}) == 5
 
 
+@pytest.mark.slow
 def test_generator_reproduces_the_file_byte_for_byte(tmp_path):
     assert_generator_reproduces(DATA, tmp_path)

@@ -268,6 +268,7 @@ def test_datasets_have_the_right_sizes_valid_rows_and_disjoint_splits():
             seen.add(key)
 
 
+@pytest.mark.slow
 def test_generator_reproduces_every_file_byte_for_byte(tmp_path):
     assert_generator_reproduces(DATA_DIR, tmp_path)
 

@@ -148,6 +148,7 @@ def test_dataset_has_five_valid_rows_with_parsable_prompts():
     assert len({row["responses_create_params"]["input"][-1]["content"] for row in ROWS}) == 5
 
 
+@pytest.mark.slow
 def test_generator_reproduces_the_file_byte_for_byte(tmp_path):
     testing.assert_generator_reproduces(DATA, tmp_path)
 

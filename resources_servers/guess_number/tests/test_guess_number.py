@@ -333,5 +333,6 @@ def test_datasets_are_winnable_and_split():
     assert len({json.dumps(r["game"]) for r in ROWS["train"]}) > 250  # varied games
 
 
+@pytest.mark.slow
 def test_generator_reproduces_the_files_byte_for_byte(tmp_path):
     assert_generator_reproduces(DATA, tmp_path)

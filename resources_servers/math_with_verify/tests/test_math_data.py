@@ -6,6 +6,7 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
+import pytest
 import sympy
 
 from polygym.authoring.testing import assert_generator_reproduces, read_splits
@@ -63,6 +64,7 @@ def test_rows_are_tool_free_and_well_formed():
     assert any("/" in row["expected_answer"] for row in LOADED["example"])
 
 
+@pytest.mark.slow
 def test_answers_match_an_independent_solution():
     checked = 0
     for row in ALL_ROWS:

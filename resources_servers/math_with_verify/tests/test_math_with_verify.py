@@ -35,6 +35,7 @@ def body_for(row: dict, output: list[dict]) -> dict:
     return {**row, "response": synthetic_response(output)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS, ids=[r["expected_answer"] for r in ROWS])
 async def test_example_solution_gets_reward_one_for_every_row(env, row):
     result = await verify(env, row, MathWithVerify.example_solution(row))
@@ -162,6 +163,7 @@ async def test_verify_is_deterministic(env):
     assert first == second
 
 
+@pytest.mark.slow
 async def test_a_verification_past_its_time_limit_is_stopped_and_the_next_one_works():
     """sympy evaluating 9^(9^(9^9)) never yields to math-verify's own alarms: only the kill stops it."""
     server = MathWithVerify("math_with_verify", {"cpu_workers": 1, "verify_timeout_s": 4})

@@ -51,6 +51,7 @@ def one_row_per_task() -> list[dict]:
     return list(seen.values())
 
 
+@pytest.mark.slow
 @module_loop
 @pytest.mark.parametrize("row", one_row_per_task(), ids=lambda r: r["task"])
 async def test_reference_answer_scores_one_and_a_wrong_one_less(env, row):
@@ -223,6 +224,7 @@ def test_datasets():
         assert row["agent_ref"] == {"type": "responses_api_agents", "name": "reasoning_gym_simple_agent"}
 
 
+@pytest.mark.slow
 def test_generator_reproduces_the_files_byte_for_byte(tmp_path):
     assert importlib.metadata.version("reasoning-gym") == GENERATED_WITH  # pinned in pyproject.toml
     assert_generator_reproduces(DATA, tmp_path)

@@ -22,7 +22,7 @@ from polygym.protocol import TRAINING_TOKEN_FIELDS
 from polygym.stack.config import load_config
 from responses_api_models.local_model.app import LocalModel
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "configs" / "local_model.yaml"
 WEATHER_TOOL = {
