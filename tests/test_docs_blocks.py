@@ -40,7 +40,8 @@ import pytest
 from polygym.jsonl import iter_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<spec>.*?)\s*-->")
 FENCE = re.compile(r"^(```+|~~~+)")
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -177,6 +178,15 @@ def stack_args(block: Block) -> list[str]:
     return args
 
 
+def check_transcript(block: Block, sandbox: Path, env: dict[str, str]) -> None:
+    """Each command of an ``output`` block exits 0 and prints what the page says it prints."""
+    for command, expected in transcript(block.text):
+        done = run_bash(command, sandbox, env)
+        where = f"{block.where()}: `{command}`"
+        assert done.returncode == 0, f"{where} exited {done.returncode}:\n{done.stderr}"
+        assert normalized(done.stdout.splitlines()) == normalized(expected), f"{where} printed\n{done.stdout}"
+
+
 def run_blocks(blocks: list[Block], sandbox: Path, start_stack: Any) -> None:
     """Run ``blocks`` in order in ``sandbox``; the first that fails fails the test, naming its line."""
     env = mirror(sandbox)
@@ -185,18 +195,14 @@ def run_blocks(blocks: list[Block], sandbox: Path, start_stack: Any) -> None:
             start_stack(*stack_args(block), cwd=sandbox)
         elif block.kind == "run":
             done = run_bash(block.text, sandbox, env)
-            assert done.returncode == 0, f"{block.where()} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+            output = f"{done.stdout}{done.stderr}"
+            assert done.returncode == 0, f"{block.where()} exited {done.returncode}:\n{output}"
         else:
-            for command, expected in transcript(block.text):
-                done = run_bash(command, sandbox, env)
-                assert done.returncode == 0, f"{block.where()}: `{command}` exited {done.returncode}:\n{done.stderr}"
-                assert normalized(done.stdout.splitlines()) == normalized(expected), (
-                    f"{block.where()}: `{command}` printed\n{done.stdout}"
-                )
+            check_transcript(block, sandbox, env)
 
 
 QUICK_PAGES = [page for page, blocks in BLOCKS.items() if any(not b.e2e for b in blocks)]
-E2E_PAGES = [page for page, blocks in BLOCKS.items() if any(b.e2e for b in blocks) and page != PAGES[0]]
+E2E_PAGES = [page for page, blocks in BLOCKS.items() if any(b.e2e for b in blocks) and page != README]
 
 
 @pytest.mark.parametrize("page", QUICK_PAGES, ids=page_id)
@@ -206,7 +212,9 @@ def test_the_pages_quick_blocks_run_as_written(page: Path, tmp_path: Path, start
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("page", E2E_PAGES, ids=page_id)
-def test_the_pages_blocks_run_as_written_with_their_stacks(page: Path, tmp_path: Path, start_stack: Any) -> None:
+def test_the_pages_blocks_run_as_written_with_their_stacks(
+    page: Path, tmp_path: Path, start_stack: Any
+) -> None:
     run_blocks(BLOCKS[page], tmp_path / "repo", start_stack)
 
 
@@ -215,7 +223,7 @@ def test_the_readmes_two_environment_flow_collects_every_row(tmp_path: Path, sta
     """The README's flow, on the scripted model: 10 rollouts, none failed, each rewarded 1.0 (the
     scripted policy solves both example environments)."""
     sandbox = tmp_path / "repo"
-    run_blocks(BLOCKS[PAGES[0]], sandbox, start_stack)
+    run_blocks(BLOCKS[README], sandbox, start_stack)
     rollouts = list(iter_jsonl(sandbox / "results" / "test_multiverifier_outputs.jsonl"))
     failures = list(iter_jsonl(sandbox / "results" / "test_multiverifier_outputs_failures.jsonl"))
     assert (len(rollouts), len(failures)) == (10, 0)
