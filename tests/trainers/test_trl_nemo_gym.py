@@ -158,3 +158,27 @@ def test_failures_reach_trl_as_failures_not_rewards(
     stack.stop()
     gone = asyncio.run(example.run_rows([agent_row("parity_gymnasium_agent")], agents, 10))
     assert isinstance(gone[0], example.RolloutFailure) and gone[0].kind == "ClientConnectorError"
+
+
+def test_a_retokenized_history_is_a_typed_failure() -> None:
+    """A later turn whose prompt does not extend what was generated (a template re-rendered it)."""
+    example = trl_example()
+    turn = {
+        "type": "message",
+        "prompt_token_ids": [1, 2],
+        "generation_token_ids": [3],
+        "generation_log_probs": [-0.1],
+    }
+    drifted = {**turn, "prompt_token_ids": [1, 2, 4, 5], "generation_token_ids": [6]}
+    with pytest.raises(example.RolloutFailure, match="Non-contiguous messages") as caught:
+        example.trajectory({"response": {"output": [turn, drifted]}, "reward": 1.0})
+    assert caught.value.kind == example.NON_CONTIGUOUS_KIND
+    extended = {**turn, "prompt_token_ids": [1, 2, 3, 7], "generation_token_ids": [8]}
+    rows = [
+        {"response": {"output": [turn, drifted]}, "reward": 1.0},
+        {"response": {"output": [turn, extended]}, "reward": 0.5},
+    ]
+    out = example.rollout_outputs(rows, pad_id=0)
+    assert out["env_failure"] == ["non_contiguous", None] and out["env_reward"] == [None, 0.5]
+    assert out["completion_ids"][1] == [3, 7, 8] and out["env_mask"][1] == [1, 0, 1]
+    assert out["logprobs"][1] == [-0.1, 0.0, -0.1]

@@ -32,6 +32,10 @@ contract requires it:
   raises.
 - A row whose agent the head does not list raises before anything is sent (as TRL's did), naming
   the agents that exist.
+- A non-contiguous rollout ("Non-contiguous messages": the history was re-tokenized differently
+  from what the policy generated) is a failure of class ``non_contiguous``, left out like the
+  others and counted, instead of an exception that ends the training run; every batch prints how
+  many rollouts were contiguous and which failures it had.
 
 Run (a stack must be up: ``gym env start ...``)::
 
@@ -44,6 +48,7 @@ import argparse
 import asyncio
 import json
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +59,7 @@ import aiohttp
 import yaml
 
 DEFAULT_HEAD_URL = "http://127.0.0.1:11000"
+NON_CONTIGUOUS_KIND = "non_contiguous"
 LOOPBACK = ("127.0.0.1", "0.0.0.0", "localhost", "::1")
 MAX_REPLY_BYTES = 64 * 1024 * 1024
 NON_CONTIGUOUS = "Non-contiguous messages"
@@ -111,8 +117,8 @@ class Trajectory:
 
 
 def trajectory(result: dict[str, Any]) -> Trajectory:
-    """The token trajectory of one ``/run`` result; RolloutFailure when it has no model turn,
-    ValueError (``Non-contiguous messages``) when a turn's prompt does not extend the history."""
+    """The token trajectory of one ``/run`` result; RolloutFailure when it has no model turn or a
+    turn's prompt does not extend the history (``Non-contiguous messages``)."""
     turns = [
         item
         for item in (result.get("response") or {}).get("output") or []
@@ -126,12 +132,16 @@ def trajectory(result: dict[str, Any]) -> Trajectory:
         prompt, generated = list(turn["prompt_token_ids"]), list(turn["generation_token_ids"])
         logprobs = list(turn.get("generation_log_probs") or [])
         if prompt[: len(seen)] != seen:
-            raise ValueError(
+            raise RolloutFailure(
+                NON_CONTIGUOUS_KIND,
                 f"[turn {number}] {NON_CONTIGUOUS}: the prompt ({len(prompt)} ids) does not start with "
-                f"the {len(seen)} ids seen so far"
+                f"the {len(seen)} ids seen so far",
             )
         if len(logprobs) != len(generated):
-            raise ValueError(f"[turn {number}] {len(logprobs)} log-probs for {len(generated)} generated ids")
+            raise RolloutFailure(
+                "misaligned_logprobs",
+                f"[turn {number}] {len(logprobs)} log-probs for {len(generated)} generated ids",
+            )
         observation = prompt[len(seen) :]
         out.completion_ids += observation + generated
         out.env_mask += [0] * len(observation) + [1] * len(generated)
@@ -243,7 +253,11 @@ def make_rollout_func(
         results = asyncio.run(run_rows(rows, agents, timeout_s))
         tokenizer = trainer.processing_class
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        return rollout_outputs(results, pad or 0)
+        out = rollout_outputs(results, pad or 0)
+        failed = Counter(kind for kind in out["env_failure"] if kind is not None)
+        scored = len(results) - sum(failed.values())
+        print(f"rollouts: {scored} of {len(results)} contiguous and scored; failed: {dict(failed)}")
+        return out
 
     return rollout_func
 
@@ -261,10 +275,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True, help="YAML: model_name, dataset_path, GRPOConfig fields")
     parser.add_argument("--head-url", default=DEFAULT_HEAD_URL, help="the stack's head server")
+    parser.add_argument("--model", help="overrides the config's model_name")
+    parser.add_argument("--dataset", help="overrides the config's dataset_path")
+    parser.add_argument("--output-dir", help="overrides the config's output_dir")
     args = parser.parse_args(argv)
     settings = yaml.safe_load(Path(args.config).read_text())
-    model_name = settings.pop("model_name")
-    dataset = dataset_rows(read_jsonl(settings.pop("dataset_path")))
+    model_name = args.model or settings.pop("model_name")
+    settings.pop("model_name", None)
+    dataset = dataset_rows(read_jsonl(args.dataset or settings.pop("dataset_path")))
+    settings.pop("dataset_path", None)
+    if args.output_dir:
+        settings["output_dir"] = args.output_dir
     timeout_s = float(settings.pop("request_timeout", 10_800))
     settings.setdefault("shuffle_dataset", False)  # the step-ordered file's order is the plan
     config = GRPOConfig(**settings)
