@@ -150,3 +150,20 @@ def test_watch_needs_a_trigger(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "--checkpoints DIR or --every-minutes N" in done.stderr
+
+
+def test_triggers_label_each_evaluation(tmp_path: Path) -> None:
+    from polygym.training.watch import Triggers
+
+    (tmp_path / "checkpoint-5").mkdir()
+    triggers = Triggers(tmp_path, every_s=None)
+    assert triggers.poll(0) is None  # what was there at the start is not new
+    (tmp_path / "checkpoint-200").mkdir()
+    assert triggers.poll(0) == 200 and triggers.poll(200) is None
+    (tmp_path / "checkpoint-100").mkdir()  # a number at or below the last label: one past it
+    assert triggers.poll(200) == 201
+    (tmp_path / "latest").mkdir()
+    assert triggers.poll(201) == 202
+    triggers.signalled = True
+    assert triggers.poll(202) == 203 and triggers.poll(203) is None
+    assert Triggers(None, every_s=0.0).poll(7) == 8  # the clock is always due at period 0
