@@ -36,3 +36,8 @@ gym.add_command(view)
 
 def main() -> None:
     gym(prog_name="gym")
+
+
+from polygym.cli.watch import watch_command  # noqa: E402
+
+train.add_command(watch_command)
