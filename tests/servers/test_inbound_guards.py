@@ -24,6 +24,7 @@ from polygym.servers.inbound import (
     DEFAULT_MAX_PROMPT_BODY_BYTES,
     MAX_PARSED_RATIO,
     InboundGuard,
+    could_amplify,
     parsed_size_estimate,
 )
 from polygym.stack.catalog import selector_paths
@@ -228,6 +229,8 @@ def test_the_parse_estimate_bounds_the_real_size_and_refuses_only_amplifying_sha
         estimate = parsed_size_estimate(body)
         assert estimate >= real, name
         assert (estimate > MAX_PARSED_RATIO * len(body)) == amplifies, name
+        assert could_amplify(body * 20) == amplifies, name  # past the 1 MiB of slack
+    assert not could_amplify(b"{" * 6000)  # too short to matter, not scanned
 
 
 async def test_a_body_of_small_objects_is_refused_before_it_is_parsed() -> None:
