@@ -108,7 +108,7 @@ class InboundGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = self.cross_site.refusal(scope)
+        body, refusal = b"", self.cross_site.refusal(scope)
         if refusal is None:
             body, refusal = await self._bounded_body(scope, receive)
         if refusal is not None:
@@ -133,7 +133,7 @@ class InboundGuard:
             return b"", Refusal(413, "request_too_large", f"request body over {limit} bytes")
         if could_amplify(body):
             message = (
-                f"request body of {len(body)} bytes would parse to more than {MAX_PARSED_RATIO} times "
+                f"request body of {len(body)} bytes could parse to more than {MAX_PARSED_RATIO} times "
                 "its size (too many small objects)"
             )
             return b"", Refusal(413, "request_too_complex", message)
