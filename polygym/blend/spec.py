@@ -18,7 +18,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from polygym.blend.planner import DEFAULT_WARN_BELOW, EnvDemand, Plan, make_plan
 from polygym.errors import BlendSpecError
+from polygym.stack import bounded_yaml
 from polygym.suggest import closest, unknown_name_message
+
+MAX_ENVIRONMENTS = 10_000
+MAX_PROMPTS_PER_STEP = 1_000_000
+MAX_RESPONSES_PER_PROMPT = 100_000
+"""The bound of ``gym eval run --num-repeats``: a group is the repeats of one prompt."""
+MAX_ROLLOUTS_PER_STEP = 10_000_000
+"""One step's rollouts are planned, collected and held together: far above any real batch, far
+below what a mistyped size (``prompts_per_step: 1000000000``) would ask of memory."""
 
 
 def _paths(value: Any) -> Any:
@@ -74,9 +83,9 @@ class BlendSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    environments: list[EnvironmentSpec] = Field(min_length=1)
-    prompts_per_step: int = Field(ge=1)
-    responses_per_prompt: int = Field(default=1, ge=1)
+    environments: list[EnvironmentSpec] = Field(min_length=1, max_length=MAX_ENVIRONMENTS)
+    prompts_per_step: int = Field(ge=1, le=MAX_PROMPTS_PER_STEP)
+    responses_per_prompt: int = Field(default=1, ge=1, le=MAX_RESPONSES_PER_PROMPT)
     seed: int = 0
     base_dir: Path = Field(default_factory=Path.cwd, exclude=True)
     """Folder that relative data paths are resolved against first (the spec file's folder)."""
@@ -104,6 +113,22 @@ class BlendSpec(BaseModel):
         if all(env.eval_only for env in environments):
             raise ValueError("every environment is eval_only: at least one must be trained")
         return environments
+
+    @model_validator(mode="after")
+    def _step_sizes(self) -> BlendSpec:
+        """A step that cannot be held, or a minimum no step can meet, is refused with the spec."""
+        if self.global_batch_size > MAX_ROLLOUTS_PER_STEP:
+            raise ValueError(
+                f"prompts_per_step x responses_per_prompt is {self.global_batch_size:,} rollouts per "
+                f"step; at most {MAX_ROLLOUTS_PER_STEP:,}"
+            )
+        over = [f"{e.name}: {e.min_per_step}" for e in self.trained if e.min_per_step > self.prompts_per_step]
+        if over:
+            raise ValueError(
+                f"min_per_step above prompts_per_step ({self.prompts_per_step}), which no step can "
+                f"meet: {', '.join(over)}"
+            )
+        return self
 
     @property
     def trained(self) -> list[EnvironmentSpec]:
@@ -185,7 +210,7 @@ def load_spec(path: Path) -> BlendSpec:
     if not path.is_file():
         raise BlendSpecError([f"{path}: no such file"])
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = bounded_yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise BlendSpecError([f"{path}: invalid YAML: {exc}"]) from None
     return parse_spec(raw, str(path), path.resolve().parent)

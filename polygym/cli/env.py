@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import signal
 import sys
 import time
@@ -110,7 +111,12 @@ def pool_label(pool_size: Any) -> str:
     "actor per server replica (pip install 'polygym[ray]').",
 )
 @placement_options
-@click.option("--head-host", default="127.0.0.1", show_default=True, help="Address of the head server.")
+@click.option(
+    "--head-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the head server listens on; any other than loopback is warned about (docs/security.md).",
+)
 @click.option(
     "--head-port",
     type=click.IntRange(0, 65535),
@@ -144,6 +150,9 @@ def start(
       gym env start --model-type openai_model \\
           --resources-server example_single_tool_call --resources-server example_multi_step
     """
+    exposed = exposure_warning(head_host)
+    if exposed:
+        console(stderr=True).print("[yellow]warning:[/]", escape(exposed))
     config = load_stack_config(resources_servers, model_types, configs, overrides)
     try:
         stack = Stack(
@@ -159,6 +168,24 @@ def start(
     except (LaunchError, ConfigError) as exc:
         fail(str(exc), EXIT_USAGE)
     sys.exit(run_async(_serve_foreground(stack)))
+
+
+def exposure_warning(host: str) -> str | None:
+    """Why listening on ``host`` deserves a warning, or None for loopback: the head answers anyone
+    who reaches it (its reads are open; only registration needs the stack secret)."""
+    name = host.strip("[]").lower()
+    try:
+        loopback = name == "localhost" or ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    everywhere = " (every network interface)" if name in ("0.0.0.0", "::") else ""
+    return (
+        f"--head-host {host}{everywhere}: the head server is reachable from other machines, which can "
+        "read the stack's server addresses and its config (secrets masked); use it only on a network "
+        "you trust, and set POLYGYM_ALLOWED_HOSTS to the names clients use (docs/security.md)"
+    )
 
 
 async def _serve_foreground(stack: Stack) -> int:

@@ -1,10 +1,21 @@
 """What every request into a polygym server goes through before its handler (an ASGI middleware).
 
-Two guarantees a handler cannot give itself:
+Guarantees a handler cannot give itself:
 
+* **Only this machine's callers.** Requests a web page could make (a foreign ``Host`` after DNS
+  rebinding, a foreign ``Origin``, a form or ``text/plain`` body) are refused before the body is
+  read (``polygym.servers.cross_site``).
 * **Bounded request bodies.** A request is read in full before the handler runs (all polygym
   routes are JSON), and one declaring or sending more than ``max_body_bytes`` is answered 413 at
-  once; an unbounded read would let any client exhaust the server's memory.
+  once; an unbounded read would let any client exhaust the server's memory. The prompt routes
+  (``PROMPT_PATHS``) take at most ``max_prompt_body_bytes`` (32 MiB, Anthropic's own request
+  limit), and the whole body must arrive within ``body_read_timeout_s`` (408), so a client that
+  declares 200 MB and sends 10 bytes does not hold the request open.
+* **Bounded parsing.** JSON of tiny containers becomes up to 30 times its size in Python objects
+  (``[{},{},...]``: 96 MB took a model server to 3 GiB). Before any object is built, the body's
+  parsed size is estimated from counts of its structural bytes (``parsed_size_estimate``, an upper
+  bound) and a body that could grow past ``MAX_PARSED_RATIO`` times its size is refused (413).
+  Nesting is bounded by orjson itself (1,024 levels).
 * **A caller that goes away stops the work.** uvicorn keeps running a handler whose client has
   disconnected; it only drops what the handler sends. A collector that gives up on a rollout
   (``--timeout``, Ctrl-C) would leave its agent calling the model and the tools for minutes, with
@@ -29,10 +40,22 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
-import orjson
-
 from polygym.net.asgi_transport import ASGIApp, Message, Receive, Scope, Send
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
+from polygym.servers.cross_site import CrossSitePolicy, Refusal
+
+PROMPT_PATHS = frozenset({"/v1/responses", "/v1/chat/completions", "/v1/messages", "/run"})
+"""Routes that take one conversation or one row: far smaller than a batch of rollouts."""
+DEFAULT_MAX_PROMPT_BODY_BYTES = 32 * 1024 * 1024
+BODY_READ_TIMEOUT_S = 60.0
+"""Far above the time a 256 MiB body takes over any network a stack runs on."""
+MAX_PARSED_RATIO = 20
+"""Measured (parsed / body bytes): rows of messages 3x, token-id arrays 6-7x, arrays of small ints
+(estimated 19x, the densest legitimate shape) 4x; refused: ``{}``, ``[]`` and ``{"a":1}`` arrays (21-24x)."""
+_PARSED_SLACK_BYTES = 1024 * 1024
+_WEIGHTS = ((b"{", 192), (b"[", 72), (b",", 36), (b'"', 13))
+_HEAVIEST = max(weight for _, weight in _WEIGHTS)
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes([byte]) not in {c for c, _ in _WEIGHTS})
 
 DirectRoute = Callable[[Scope, Receive, Send], Awaitable[None]]
 """A route served without the router: an ASGI callable for one (method, path)."""
@@ -67,10 +90,17 @@ class InboundGuard:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         in_flight: InFlight | None = None,
         direct: Mapping[tuple[str, str], DirectRoute] | None = None,
+        max_prompt_body_bytes: int = DEFAULT_MAX_PROMPT_BODY_BYTES,
+        body_read_timeout_s: float = BODY_READ_TIMEOUT_S,
+        cross_site: CrossSitePolicy | None = None,
     ) -> None:
-        """``direct``: the routes served without ``app``'s router, by (method, path)."""
+        """``direct``: the routes served without ``app``'s router, by (method, path);
+        ``cross_site``: the hosts and origins served (default: ``CrossSitePolicy.from_env()``)."""
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_prompt_body_bytes = min(max_prompt_body_bytes, max_body_bytes)
+        self.body_read_timeout_s = body_read_timeout_s
+        self.cross_site = cross_site or CrossSitePolicy.from_env()
         self.in_flight = in_flight or InFlight()
         self.direct = direct or {}
 
@@ -78,9 +108,11 @@ class InboundGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        body = await self._read_body(scope, receive)
-        if body is None:
-            await _too_large(send, self.max_body_bytes)
+        body, refusal = b"", self.cross_site.refusal(scope)
+        if refusal is None:
+            body, refusal = await self._bounded_body(scope, receive)
+        if refusal is not None:
+            await refusal.send(send)
             return
         if is_ping(scope):
             await self._serve_until_disconnect(scope, body, receive, send)
@@ -88,10 +120,29 @@ class InboundGuard:
         with self.in_flight.serving():
             await self._serve_until_disconnect(scope, body, receive, send)
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The request body, or None once it is over the limit (declared or sent)."""
+    async def _bounded_body(self, scope: Scope, receive: Receive) -> tuple[bytes, Refusal | None]:
+        """The request body, or why it is refused: too large, too slow, or parsing to too much."""
+        limit = self.max_prompt_body_bytes if scope["path"] in PROMPT_PATHS else self.max_body_bytes
+        try:
+            async with asyncio.timeout(self.body_read_timeout_s):
+                body = await self._read_body(scope, receive, limit)
+        except TimeoutError:
+            message = f"request body not received within {self.body_read_timeout_s:g}s"
+            return b"", Refusal(408, "request_timeout", message)
+        if body is None:
+            return b"", Refusal(413, "request_too_large", f"request body over {limit} bytes")
+        if could_amplify(body):
+            message = (
+                f"request body of {len(body)} bytes could parse to more than {MAX_PARSED_RATIO} times "
+                "its size (too many small objects)"
+            )
+            return b"", Refusal(413, "request_too_complex", message)
+        return body, None
+
+    async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes | None:
+        """The request body, or None once it is over ``limit`` (declared or sent)."""
         for name, value in scope.get("headers", ()):
-            if name.lower() == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+            if name.lower() == b"content-length" and value.isdigit() and int(value) > limit:
                 return None
         chunks: list[bytes] = []
         total = 0
@@ -101,7 +152,7 @@ class InboundGuard:
                 return b""  # the client left before sending its body; the handler sees a disconnect
             chunk = message.get("body", b"")
             total += len(chunk)
-            if total > self.max_body_bytes:
+            if total > limit:
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -165,10 +216,20 @@ async def _wait_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _too_large(send: Send, limit: int) -> None:
-    body = orjson.dumps(
-        {"error": {"type": "request_too_large", "message": f"request body over {limit} bytes"}}
-    )
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+def parsed_size_estimate(body: bytes) -> int:
+    """An upper bound on the bytes of the Python objects ``body`` parses to, as JSON, from counts
+    of its structural bytes (no object is built). Each ``{`` is a dict of up to 5 keys (192 bytes
+    with its slot), each ``[`` a list (72), each ``,`` a value's slot and an int or float object
+    (36), each ``"`` half of what a string adds to that (13), plus the text itself. Bytes inside
+    strings are counted too: that only overestimates. One ``translate`` keeps the structural bytes,
+    so the counts scan only those."""
+    structure = body.translate(None, _NOT_STRUCTURE)
+    return len(body) + sum(weight * structure.count(char) for char, weight in _WEIGHTS)
+
+
+def could_amplify(body: bytes) -> bool:
+    """Whether ``body`` could parse to more than ``MAX_PARSED_RATIO`` times its size (and the
+    slack); a body too short for even all-``{`` to get there is not scanned."""
+    if len(body) * (_HEAVIEST + 1 - MAX_PARSED_RATIO) <= _PARSED_SLACK_BYTES:
+        return False
+    return parsed_size_estimate(body) > MAX_PARSED_RATIO * len(body) + _PARSED_SLACK_BYTES

@@ -33,9 +33,13 @@ or more is an MCP tool error (``isError``) with the route's error body. The MCP 
 JSON-schema check is off, so bad arguments get the environment's 422 message, as over HTTP.
 
 **No new hole.** The mount sits behind the same ``InboundGuard`` as every route (bounded body,
-work cancelled when the caller leaves) and the MCP transport's own body limit is set to the same
-bound. Like the other routes of an environment it has no credential of its own: the stack secret
-guards only the head registry's writes (docs/security.md), and a session id is a 128-bit secret.
+work cancelled when the caller leaves, no foreign Host or Origin) and the MCP transport's own body
+limit is set to the same bound. MCP sessions are bounded too: each holds a task and its streams
+until the client ends it or it idles out (``session_idle_timeout_s``, 15 minutes by default), so a
+client opening sessions in a loop would hold thousands; past ``max_mcp_sessions`` open at once, a
+new one is refused with 503 until one ends. Like the other routes of an environment it has no
+credential of its own: the stack secret guards only the head registry's writes
+(docs/security.md), and a session id is a 128-bit secret.
 Tool names are looked up among the environment's ``@tool`` methods only, so ``/verify`` or
 ``/seed_session`` can never be reached as an MCP tool.
 """
@@ -61,8 +65,9 @@ from polygym.servers.base import error_response
 from polygym.servers.sessions import SESSION_COOKIE, SessionStore
 
 
-class _IdleConfig(Protocol):
+class _McpConfig(Protocol):
     session_idle_timeout_s: float
+    max_mcp_sessions: int
 
 
 class ToolHost(Protocol):
@@ -73,7 +78,7 @@ class ToolHost(Protocol):
     sessions: SessionStore
 
     @property
-    def config(self) -> _IdleConfig: ...
+    def config(self) -> _McpConfig: ...
 
     def tools(self) -> Mapping[str, Any]: ...
 
@@ -104,6 +109,8 @@ class McpBridge:
         self._running: contextlib.AsyncExitStack | None = None
         self._held: set[str] = set()
         """Environment sessions held by a live MCP session."""
+        self._opening = 0
+        """Requests that may open an MCP session, being served (not yet in ``_held``)."""
 
     def route(self) -> Route:
         """``/mcp`` exactly (a Mount would redirect it to ``/mcp/``); the bridge is its ASGI app."""
@@ -130,14 +137,25 @@ class McpBridge:
             await error_response(503, "not_started", "the MCP endpoint is not running")(scope, receive, send)
             return
         request = Request(scope)
-        if MCP_SESSION_ID_HEADER not in request.headers:
-            session_id = request.cookies.get(SESSION_COOKIE)
-            refusal = self._refuse_adoption(session_id) if session_id is not None else None
-            if refusal is not None:
-                await error_response(409, "unknown_session", refusal)(scope, receive, send)
-                return
-            _adopted.set(session_id)
-        await self._manager.handle_request(scope, receive, send)
+        if MCP_SESSION_ID_HEADER in request.headers:
+            await self._manager.handle_request(scope, receive, send)
+            return
+        limit = self.env.config.max_mcp_sessions
+        if len(self._held) + self._opening >= limit:
+            message = f"{limit} MCP sessions are open (max_mcp_sessions); end one or wait for one to idle out"
+            await error_response(503, "too_many_sessions", message)(scope, receive, send)
+            return
+        session_id = request.cookies.get(SESSION_COOKIE)
+        refusal = self._refuse_adoption(session_id) if session_id is not None else None
+        if refusal is not None:
+            await error_response(409, "unknown_session", refusal)(scope, receive, send)
+            return
+        _adopted.set(session_id)
+        self._opening += 1
+        try:
+            await self._manager.handle_request(scope, receive, send)
+        finally:
+            self._opening -= 1
 
     def _refuse_adoption(self, session_id: str) -> str | None:
         """Why the rollout named by an initialize request's cookie cannot be adopted, or None."""

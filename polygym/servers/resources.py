@@ -66,6 +66,9 @@ class ResourcesServerConfig(ServerConfig):
     expose_tools_over_mcp: bool = Field(
         default=False, description="Also serve the tools over MCP (streamable HTTP) at /mcp; needs [mcp]."
     )
+    max_mcp_sessions: int = Field(
+        default=1024, ge=1, description="MCP sessions open at once; a new one past it is refused (503)."
+    )
 
 
 class ToolSpec:

@@ -29,7 +29,7 @@ from omegaconf.errors import (
 
 from polygym import redact
 from polygym.errors import ConfigError
-from polygym.stack import catalog
+from polygym.stack import bounded_yaml, catalog
 from polygym.stack.catalog import SERVER_KINDS, describe_unknown
 from polygym.stack.directives import apply_directives
 from polygym.stack.env_build import PACKAGE_KEY, PYTHON_KEY
@@ -196,7 +196,7 @@ def _load_file(path: Path, problems: list[str]) -> dict[str, Any] | None:
         problems.append(f"{shown}: cannot read config file: {exc.strerror or exc}")
         return None
     try:
-        data = yaml.safe_load(text)
+        data = bounded_yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         what = getattr(exc, "problem", None) or _first_line(exc)

@@ -11,6 +11,8 @@ NeMo Gym does, after every file and override is merged:
 
 Sources are read from the config as it was before any directive ran, so the order in which the
 directives appear does not change the result. Works on plain data so interpolations stay as text.
+A directive whose sources lead back to itself (``a`` inherits ``b``, which inherits ``a``; a block
+inheriting itself or a block that contains it) is a problem, not a block with a stray directive.
 """
 
 from __future__ import annotations
@@ -118,10 +120,14 @@ def _resolve(
     problems: list[str],
 ) -> Any:
     source, how = found
+    word = INHERIT_KEY if how == "inherit" else COPY_KEY
+    loop = _cycle(where, source, frozen)
+    if loop is not None:
+        problems.append(f"{where}: {word} '{source}' leads back to itself ({' -> '.join(loop)})")
+        return value
     path = source.split(".")
     inherited = _lookup(frozen, path)
     if inherited is _NOT_FOUND:
-        word = INHERIT_KEY if how == "inherit" else COPY_KEY
         problems.append(f"{where}: {word} '{source}': no such key in the merged config")
         return value
     if how == "inherit":
@@ -132,3 +138,25 @@ def _resolve(
         return MISSING
     inherited = copy.deepcopy(inherited)
     return merge_plain(inherited, value) if isinstance(value, dict) else inherited
+
+
+def _cycle(where: str, source: str, frozen: dict[str, Any]) -> list[str] | None:
+    """The chain ``where -> source -> ...`` when it returns to a block already on it (or to a block
+    containing one); None when it ends. Each step adds a new block, so it ends within as many
+    steps as the config has directives."""
+    chain = [where]
+    current: str | None = source
+    while current is not None:
+        if any(seen == current or seen.startswith(current + ".") for seen in chain):
+            return [*chain, current]
+        chain.append(current)
+        current = _source_of(_lookup(frozen, current.split(".")))
+    return None
+
+
+def _source_of(value: Any) -> str | None:
+    """The source a directive names, without consuming it; None when ``value`` is no directive."""
+    if isinstance(value, dict):
+        return next((str(value[key]) for key in (INHERIT_KEY, COPY_KEY) if key in value), None)
+    found = _directive(value) if isinstance(value, str) else None
+    return found[0] if found is not None else None

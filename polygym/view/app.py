@@ -25,6 +25,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from polygym.row import ALL_ENVS, env_label
+from polygym.servers.cross_site import CrossSitePolicy
 from polygym.view import charts, pages
 from polygym.view.index import RunIndex
 from polygym.view.query import QueryError
@@ -94,11 +95,17 @@ class ViewerState:
 
 
 def guard(app: ASGI) -> ASGI:
-    """Refuse what a read-only viewer never needs, and add the security headers to every reply."""
+    """Refuse what a read-only viewer never needs (another site's page or a rebound host name
+    included: ``CrossSitePolicy``), and add the security headers to every reply."""
+    cross_site = CrossSitePolicy.from_env()
 
     async def guarded(scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
+            return
+        refusal = cross_site.refusal(scope, json_bodies=False)
+        if refusal is not None:
+            await refusal.send(send)
             return
         if scope["method"] not in ("GET", "HEAD"):
             await PlainTextResponse("read-only viewer: GET only", 405, headers={"Allow": "GET, HEAD"})(

@@ -24,6 +24,8 @@ Layers, outermost first:
 - ``namespaces`` isolation: fresh mount/PID/network/IPC/UTS namespaces, a ``disk_mb`` tmpfs root
   holding only ``/usr`` and the interpreter read-only, a dedicated uid per concurrent slot
   (``uid_base + slot``; never a real account), ``no_new_privs``;
+- a seccomp filter: no ``memfd_create``, ``memfd_secret``, ``shmget`` or ``msgget``, whose memory no
+  process-tree poll sees (``sandbox_runner.forbid_uncounted_memory``);
 - rlimits in the child: CPU seconds, address space, file size, open files, no core dumps (and
   RLIMIT_NPROC in ``namespaces`` mode, where it is per slot);
 - a minimal environment (no API keys or tokens inherited from the server's environment).

@@ -29,6 +29,11 @@ chroots into it and forks the worker. The worker sets resource limits, drops to 
 unprivileged uid, sets ``no_new_privs`` and runs the submission. When init exits, the kernel kills
 every process left in the namespace, so a fork bomb that called ``setsid`` dies with it.
 
+In both isolations the worker installs a seccomp filter before the submission exists
+(``forbid_uncounted_memory``): ``memfd_create``, ``memfd_secret``, ``shmget`` and ``msgget`` fail
+with EPERM, because what they allocate is in no process's resident set, where the process-tree
+poll looks, and a SysV segment would outlive a ``basic`` run on the host.
+
 Isolation ``basic`` (explicit opt-in): resource limits, a fresh working directory, a minimal
 environment, the cgroup or process-tree limits, and the parent-death signal; the submission runs
 as the server's user. See the README for what it does not stop.
@@ -63,6 +68,18 @@ MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_EPERM = 0x00050000 | 1  # SECCOMP_RET_ERRNO | EPERM
+SECCOMP_RET_KILL_PROCESS = 0x80000000
+X32_SYSCALL_BIT = 0x40000000
+BPF_LD_ABS_W, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+UNCOUNTED_MEMORY_SYSCALLS = {
+    # machine: (AUDIT_ARCH_*, (memfd_create, memfd_secret, shmget, msgget))
+    "x86_64": (0xC000003E, (319, 447, 29, 68)),
+    "aarch64": (0xC00000B7, (279, 447, 194, 186)),
+}
 
 SANDBOX_ROOT = "/tmp"  # mount point of the tmpfs root, inside the private mount namespace only
 DEVICES = ("null", "zero", "random", "urandom")
@@ -218,6 +235,50 @@ def drop_privileges(libc: ctypes.CDLL, uid: int) -> None:
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
 
 
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_ushort),
+        ("jt", ctypes.c_ubyte),
+        ("jf", ctypes.c_ubyte),
+        ("k", ctypes.c_uint),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def forbid_uncounted_memory(libc: ctypes.CDLL) -> None:
+    """Make ``memfd_create``, ``memfd_secret``, ``shmget`` and ``msgget`` fail with EPERM here and in
+    every descendant (a seccomp filter; ``no_new_privs`` must be set).
+
+    Memory behind those calls is in no process's resident set once written with ``write`` or
+    detached, so the process-tree poll cannot see it, and in ``basic`` isolation a SysV segment
+    outlives the run on the host. A system call of another ABI (i386, x32) kills the process:
+    the numbers above are for this one. A machine not listed cannot have the filter, which the
+    sandbox's startup probe reports as a setup error rather than running without it.
+    """
+    machine = os.uname().machine
+    if machine not in UNCOUNTED_MEMORY_SYSCALLS:
+        raise SetupError(f"no seccomp filter for {machine}: submissions could hold memory no limit sees")
+    arch, numbers = UNCOUNTED_MEMORY_SYSCALLS[machine]
+    n = len(numbers)
+    deny, kill = 5 + n, 6 + n  # where the EPERM and kill returns are
+    program = [
+        (BPF_LD_ABS_W, 0, 0, 4),  # seccomp_data.arch
+        (BPF_JEQ_K, 0, kill - 2, arch),
+        (BPF_LD_ABS_W, 0, 0, 0),  # seccomp_data.nr
+        (BPF_JGE_K, deny - 4, 0, X32_SYSCALL_BIT),
+        *((BPF_JEQ_K, deny - (5 + i), 0, number) for i, number in enumerate(numbers)),
+        (BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW),
+        (BPF_RET_K, 0, 0, SECCOMP_RET_EPERM),
+        (BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
+    ]
+    filters = (_SockFilter * len(program))(*(_SockFilter(*op) for op in program))
+    fprog = _SockFprog(len(program), filters)
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "prctl(SECCOMP)")
+
+
 def wait_for(pid: int) -> int:
     """Reap children (as PID 1 and as a subreaper adopt orphans) until ``pid`` ends; its exit code."""
     while True:
@@ -267,6 +328,7 @@ def run_namespaced(payload: dict, libc: ctypes.CDLL) -> int:
             try:
                 set_limits(payload["limits"], with_nproc=True)
                 drop_privileges(libc, uid)
+                forbid_uncounted_memory(libc)
                 die_with_parent(libc, lambda: os.getppid() == 1)
             except BaseException as exc:
                 report_setup(exc)
@@ -296,6 +358,8 @@ def run_basic(payload: dict, libc: ctypes.CDLL) -> int:
         try:
             die_with_parent(libc, lambda: os.getppid() == supervisor)
             set_limits(payload["limits"], with_nproc=False)
+            _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+            forbid_uncounted_memory(libc)
         except BaseException as exc:
             report_setup(exc)
             os._exit(SETUP_FAILED)
