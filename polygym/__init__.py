@@ -1,9 +1,15 @@
 """polygym: train and evaluate LLM policies on many reinforcement-learning environments at once.
 
-The names exported here are the authoring surface, all an environment is written with (and the
-bases of agents and model servers)::
+The names exported here are the authoring surface: all an environment or an agent is written with
+(and the bases of model servers)::
 
     from polygym import ResourcesServer, Session, VerifyRequest, VerifyResponse, tool, check_env
+
+That is the servers' bases and their settings, the Responses items and request/response models,
+the episodic (reset/step) game helpers, the judge a verifier asks, the retry policy an agent's
+calls take, ``require_extra`` for optional dependencies, the data generator's command line
+(``generator_main``...) and ``check_env``. Tests import their helpers from ``polygym.testing``;
+model servers, which convert dialects and relay upstream, also import from ``polygym.models``.
 
 They are imported on first use (PEP 562 ``__getattr__``): ``import polygym`` is paid by every
 ``gym`` command and every worker process, and importing the servers eagerly would add Starlette,
@@ -19,42 +25,90 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from polygym.authoring.check import check_env, check_env_async
+    from polygym.authoring.datagen import generator_main, generator_parser, per_split, write_splits
     from polygym.net.client import ServerCallError
+    from polygym.net.retry import NO_RETRY, RetryPolicy
     from polygym.protocol import (
+        STEP_LIMIT,
+        TRAINING_TOKEN_FIELDS,
         SeedSessionRequest,
         VerifyRequest,
         VerifyResponse,
+        ended_early,
         function_call_item,
         function_call_output_item,
+        input_items,
         item_text,
         message_item,
         new_response,
+        sum_usage,
     )
     from polygym.servers.agent import Agent, AgentConfig
     from polygym.servers.base import HTTPError, ServerConfig
     from polygym.servers.cpu_pool import CpuPool, CpuTimeout
-    from polygym.servers.episodic import EpisodicConfig, EpisodicServer, StepResult
+    from polygym.servers.episodic import (
+        ACTION_TOOL,
+        MAX_ACTION_CHARS,
+        EpisodicConfig,
+        EpisodicServer,
+        StepResult,
+        action_tool_schema,
+        split_turns,
+        turn_action,
+    )
+    from polygym.servers.extras import require_extra
+    from polygym.servers.judge import (
+        JUDGE_FAILED,
+        JUDGE_FAILED_STATUS,
+        Judge,
+        JudgeSettings,
+        UnreadableVerdict,
+    )
     from polygym.servers.model import ModelServer, UpstreamConfig
     from polygym.servers.resources import ResourcesServer, ResourcesServerConfig, tool
     from polygym.servers.sessions import Session
 
 _HOMES: dict[str, tuple[str, ...]] = {
     "polygym.authoring.check": ("check_env", "check_env_async"),
+    "polygym.authoring.datagen": ("generator_main", "generator_parser", "per_split", "write_splits"),
     "polygym.net.client": ("ServerCallError",),
+    "polygym.net.retry": ("NO_RETRY", "RetryPolicy"),
     "polygym.protocol": (
+        "STEP_LIMIT",
+        "TRAINING_TOKEN_FIELDS",
         "SeedSessionRequest",
         "VerifyRequest",
         "VerifyResponse",
+        "ended_early",
         "function_call_item",
         "function_call_output_item",
+        "input_items",
         "item_text",
         "message_item",
         "new_response",
+        "sum_usage",
     ),
     "polygym.servers.agent": ("Agent", "AgentConfig"),
     "polygym.servers.base": ("HTTPError", "ServerConfig"),
     "polygym.servers.cpu_pool": ("CpuPool", "CpuTimeout"),
-    "polygym.servers.episodic": ("EpisodicConfig", "EpisodicServer", "StepResult"),
+    "polygym.servers.episodic": (
+        "ACTION_TOOL",
+        "MAX_ACTION_CHARS",
+        "EpisodicConfig",
+        "EpisodicServer",
+        "StepResult",
+        "action_tool_schema",
+        "split_turns",
+        "turn_action",
+    ),
+    "polygym.servers.extras": ("require_extra",),
+    "polygym.servers.judge": (
+        "JUDGE_FAILED",
+        "JUDGE_FAILED_STATUS",
+        "Judge",
+        "JudgeSettings",
+        "UnreadableVerdict",
+    ),
     "polygym.servers.model": ("ModelServer", "UpstreamConfig"),
     "polygym.servers.resources": ("ResourcesServer", "ResourcesServerConfig", "tool"),
     "polygym.servers.sessions": ("Session",),
@@ -62,6 +116,13 @@ _HOMES: dict[str, tuple[str, ...]] = {
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
+    "ACTION_TOOL",
+    "JUDGE_FAILED",
+    "JUDGE_FAILED_STATUS",
+    "MAX_ACTION_CHARS",
+    "NO_RETRY",
+    "STEP_LIMIT",
+    "TRAINING_TOKEN_FIELDS",
     "Agent",
     "AgentConfig",
     "CpuPool",
@@ -69,25 +130,40 @@ __all__ = [
     "EpisodicConfig",
     "EpisodicServer",
     "HTTPError",
+    "Judge",
+    "JudgeSettings",
     "ModelServer",
     "ResourcesServer",
     "ResourcesServerConfig",
+    "RetryPolicy",
     "SeedSessionRequest",
     "ServerCallError",
     "ServerConfig",
     "Session",
     "StepResult",
+    "UnreadableVerdict",
     "UpstreamConfig",
     "VerifyRequest",
     "VerifyResponse",
+    "action_tool_schema",
     "check_env",
     "check_env_async",
+    "ended_early",
     "function_call_item",
     "function_call_output_item",
+    "generator_main",
+    "generator_parser",
+    "input_items",
     "item_text",
     "message_item",
     "new_response",
+    "per_split",
+    "require_extra",
+    "split_turns",
+    "sum_usage",
     "tool",
+    "turn_action",
+    "write_splits",
 ]
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from polygym.authoring.testing import serve_in_process, synthetic_response, verify
+from polygym.testing import serve_in_process, synthetic_response, verify
 from resources_servers.code_exec.app import CodeExec
 from resources_servers.code_exec.sandbox import RunResult, Sandbox, SandboxConfig, has_cap_sys_admin
 

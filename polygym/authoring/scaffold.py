@@ -230,7 +230,7 @@ import random
 import sys
 from pathlib import Path
 
-from polygym.authoring.datagen import generator_main
+from polygym import generator_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # app.py, importable as a script
 
@@ -303,7 +303,7 @@ from pathlib import Path
 import pytest
 
 from polygym import Session, check_env, function_call_item, message_item, new_response
-from polygym.authoring.testing import assert_generator_reproduces, read_jsonl
+from polygym.testing import assert_generator_reproduces, read_jsonl
 
 ENV_DIR = Path(__file__).resolve().parents[1]
 ROWS = read_jsonl(ENV_DIR / "data" / "example.jsonl")

@@ -28,8 +28,8 @@ from polygym import (
     VerifyResponse,
     message_item,
     metrics,
+    require_extra,
 )
-from polygym.servers.extras import require_extra
 from resources_servers.math_with_verify.grading import answer_latex, grade, warm_up
 
 

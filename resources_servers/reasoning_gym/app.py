@@ -34,8 +34,8 @@ from polygym import (
     item_text,
     message_item,
     metrics,
+    require_extra,
 )
-from polygym.servers.extras import require_extra
 from resources_servers.reasoning_gym.scoring import score
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)

@@ -22,8 +22,16 @@ from typing import Any
 
 from pydantic import Field, StrictStr
 
-from polygym import ResourcesServer, ResourcesServerConfig, VerifyRequest, VerifyResponse, message_item
-from polygym.servers.judge import Judge, JudgeSettings, UnreadableVerdict
+from polygym import (
+    Judge,
+    JudgeSettings,
+    ResourcesServer,
+    ResourcesServerConfig,
+    UnreadableVerdict,
+    VerifyRequest,
+    VerifyResponse,
+    message_item,
+)
 
 VERDICT = re.compile(r"^\s*\**\s*VERDICT\s*:\s*\**\s*(CORRECT|INCORRECT)\b", re.IGNORECASE | re.MULTILINE)
 FENCE_LIKE = re.compile(r"</?candidate-[0-9a-f]*>", re.IGNORECASE)

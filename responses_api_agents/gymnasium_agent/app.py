@@ -30,13 +30,21 @@ from typing import Any, Literal
 import orjson
 from pydantic import Field
 
-from polygym import Agent, AgentConfig, HTTPError, ServerCallError, function_call_output_item, new_response
-from polygym.net.retry import RetryPolicy
-from polygym.protocol import STEP_LIMIT, ended_early, input_items, sum_usage
-from polygym.servers.episodic import (
+from polygym import (
     ACTION_TOOL,
     MAX_ACTION_CHARS,
+    STEP_LIMIT,
+    Agent,
+    AgentConfig,
+    HTTPError,
+    RetryPolicy,
+    ServerCallError,
     action_tool_schema,
+    ended_early,
+    function_call_output_item,
+    input_items,
+    new_response,
+    sum_usage,
     turn_action,
 )
 

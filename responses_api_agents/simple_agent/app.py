@@ -14,9 +14,18 @@ from typing import Any
 
 import orjson
 
-from polygym import Agent, AgentConfig, ServerCallError, function_call_output_item, new_response
-from polygym.net.retry import RetryPolicy
-from polygym.protocol import STEP_LIMIT, ended_early, input_items, sum_usage
+from polygym import (
+    STEP_LIMIT,
+    Agent,
+    AgentConfig,
+    RetryPolicy,
+    ServerCallError,
+    ended_early,
+    function_call_output_item,
+    input_items,
+    new_response,
+    sum_usage,
+)
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # A tool call may change state, so only retry when the request provably never arrived.

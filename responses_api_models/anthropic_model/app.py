@@ -29,12 +29,9 @@ from pydantic import Field
 from starlette.responses import Response
 
 from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig
-from polygym.dialects import chat as chat_convert
-from polygym.dialects import messages as messages_convert
-from polygym.net.failure import BAD_JSON
-from polygym.net.retry import TRANSIENT_STATUSES
-from polygym.redact import redact_text
-from polygym.servers.model import relay, upstream_failure
+from polygym.models import TRANSIENT_STATUSES, failure, redact_text, relay, upstream_failure
+from polygym.models import chat as chat_convert
+from polygym.models import messages as messages_convert
 
 OVERLOADED = 529
 """Anthropic's "overloaded" status: transient, like a 503."""
@@ -112,7 +109,7 @@ class AnthropicModel(ModelServer[Config]):
         if not isinstance(message, dict):
             shown = redact_text(self.url)
             raise HTTPError(
-                502, f"upstream {shown} did not answer with a message object", "bad_reply", BAD_JSON
+                502, f"upstream {shown} did not answer with a message object", "bad_reply", failure.BAD_JSON
             )
         return messages_convert.message_to_response(message, self.config.anthropic_model, request=body)
 

@@ -44,21 +44,32 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from polygym import HTTPError, ModelServer, ServerConfig, function_call_item, message_item, new_response
-from polygym.dialects import chat as chat_convert
-from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
-from polygym.protocol import TRAINING_TOKEN_FIELDS, input_items
-from polygym.servers.extras import require_extra
-from polygym.training.continuation import (
+from polygym import (
+    TRAINING_TOKEN_FIELDS,
+    HTTPError,
+    ModelServer,
+    ServerConfig,
+    function_call_item,
+    input_items,
+    message_item,
+    new_response,
+    require_extra,
+)
+from polygym.models import (
+    ECHOED_RESPONSE_FIELDS,
+    KNOWN_MODELS,
     Continuation,
     NoCleanSuffix,
+    WeightsError,
     check_prefix,
+    ensure_weights,
+    item_type,
     join,
     parent_ids,
     probe_messages,
     suffix_text,
 )
-from polygym.weights import KNOWN_MODELS, WeightsError, ensure_weights
+from polygym.models import chat as chat_convert
 from responses_api_models.local_model.engine import Engine, EngineSettings, Generation, default_threads
 from responses_api_models.local_model.tool_calls import (
     ParsedCall,

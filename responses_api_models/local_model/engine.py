@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from polygym.servers.base import HTTPError
+from polygym import HTTPError
 from responses_api_models.local_model.tool_calls import CallTags
 
 _HELPER_ATTEMPTS = 3

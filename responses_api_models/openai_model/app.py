@@ -28,7 +28,7 @@ from typing import Any
 from starlette.responses import Response
 
 from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig
-from polygym.servers.model import relay, upstream_failure
+from polygym.models import relay, upstream_failure
 
 
 class Config(UpstreamConfig):

@@ -33,15 +33,13 @@ from polygym import (
     ModelServer,
     ServerConfig,
     function_call_item,
+    input_items,
     item_text,
     message_item,
     new_response,
 )
-from polygym.dialects import chat as chat_convert
-from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
-from polygym.json_schema import example_arguments
-from polygym.protocol import input_items
-from polygym.servers.base import validation_message
+from polygym.models import ECHOED_RESPONSE_FIELDS, example_arguments, item_type, validation_message
+from polygym.models import chat as chat_convert
 
 DONE = "done"
 """The answer once a script or the generic fallback has nothing left to call."""

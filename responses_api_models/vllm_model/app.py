@@ -47,16 +47,27 @@ import orjson
 from pydantic import Field, field_validator
 from starlette.responses import Response
 
-from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig, new_response
-from polygym.dialects import chat as chat_convert
-from polygym.dialects.chat import PROMPT_CONTINUATION_FIELD
-from polygym.net import budget, failure
-from polygym.net.client import Reply
-from polygym.net.retry import NO_RETRY
-from polygym.protocol import input_items
-from polygym.redact import redact_text
-from polygym.servers.model import relay, upstream_failure
-from polygym.training.continuation import PREFIX_FIELD, parent_ids
+from polygym import (
+    NO_RETRY,
+    HTTPError,
+    ModelServer,
+    ServerCallError,
+    UpstreamConfig,
+    input_items,
+    new_response,
+)
+from polygym.models import (
+    PREFIX_FIELD,
+    PROMPT_CONTINUATION_FIELD,
+    Reply,
+    budget,
+    failure,
+    parent_ids,
+    redact_text,
+    relay,
+    upstream_failure,
+)
+from polygym.models import chat as chat_convert
 from responses_api_models.vllm_model.routing import UpstreamPool, content_key
 
 logger = logging.getLogger("polygym.vllm_model")

@@ -13,6 +13,7 @@ from polygym.authoring import scaffold
 from polygym.authoring.check import PASS, check_env
 from polygym.jsonl import iter_jsonl
 from tests.conftest import run_gym
+from tests.test_surface import private_imports
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +49,7 @@ def test_init_writes_the_documented_layout(project: Path) -> None:
     config = (env_dir / "configs" / f"{NAME}.yaml").read_text()
     assert "model_server: {type: responses_api_models, name: policy_model}" in config
     assert f"jsonl_fpath: resources_servers/{NAME}/data/example.jsonl" in config
+    assert private_imports(sorted(env_dir.rglob("*.py")), "resources_servers") == []
 
 
 def test_the_checker_passes_with_a_correct_rollout(project: Path) -> None:

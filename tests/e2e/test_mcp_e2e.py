@@ -21,10 +21,10 @@ import httpx
 import orjson
 import pytest
 
-from polygym.authoring.testing import synthetic_response
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
 from polygym.net.listen import AppServer, bind_socket
 from polygym.servers.sessions import SESSION_COOKIE
+from polygym.testing import synthetic_response
 from resources_servers.example_session_state_mgmt.app import ExampleSessionStateMgmt
 
 mcp = pytest.importorskip("mcp")

@@ -10,7 +10,6 @@ from pydantic import BaseModel, ValidationError
 from starlette.routing import Mount, Route
 
 from polygym import Session, tool
-from polygym.authoring.testing import in_process_client
 from polygym.net import budget
 from polygym.net.asgi_transport import Handoff, asgi_request
 from polygym.net.client import ServerClient
@@ -28,6 +27,7 @@ from polygym.servers.episodic import EpisodicConfig, EpisodicServer
 from polygym.servers.inbound import InboundGuard
 from polygym.servers.model import ModelServer
 from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
+from polygym.testing import in_process_client
 
 
 class LimitConfig(ResourcesServerConfig):

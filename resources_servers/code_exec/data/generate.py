@@ -15,7 +15,7 @@ from pathlib import Path
 if not __package__:  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from polygym.authoring.datagen import generator_main, per_split
+from polygym import generator_main, per_split
 from resources_servers.code_exec.problems import SPLITS, Problem, reference_outputs
 
 HERE = Path(__file__).parent

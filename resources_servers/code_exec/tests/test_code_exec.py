@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from polygym.authoring.testing import (
+from polygym import ServerCallError, new_response
+from polygym.testing import (
     assert_generator_reproduces,
     in_process_client,
     read_splits,
@@ -16,8 +17,6 @@ from polygym.authoring.testing import (
     synthetic_response,
     verify,
 )
-from polygym.net.client import ServerCallError
-from polygym.protocol import new_response
 from resources_servers.code_exec.app import CodeExec, extract_code, values_equal
 from resources_servers.code_exec.problems import PROBLEMS, SPLITS, reference_outputs
 from resources_servers.code_exec.sandbox import Sandbox, SandboxConfig

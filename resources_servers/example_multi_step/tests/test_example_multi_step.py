@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from polygym.authoring.testing import assert_generator_reproduces, read_jsonl, serve_in_process, verify
-from polygym.net.client import ServerCallError
-from polygym.protocol import function_call_item, function_call_output_item, message_item, new_response
+from polygym import ServerCallError, function_call_item, function_call_output_item, message_item, new_response
+from polygym.testing import assert_generator_reproduces, read_jsonl, serve_in_process, verify
 from resources_servers.example_multi_step.app import ExampleMultiStep, synonym_value
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from polygym.authoring.testing import assert_generator_reproduces, in_process_client, read_splits, verify
-from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import function_call_item, message_item, new_response
+from polygym import ServerCallError, function_call_item, message_item, new_response
+from polygym.testing import ServerClient, assert_generator_reproduces, in_process_client, read_splits, verify
 from resources_servers.example_session_state_mgmt.app import ExampleSessionStateMgmt, reported_value
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"

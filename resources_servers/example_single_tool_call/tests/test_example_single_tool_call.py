@@ -8,10 +8,15 @@ from typing import Any
 
 import pytest
 
-from polygym.authoring import testing
-from polygym.authoring.testing import read_jsonl, serve_in_process
-from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import function_call_item, function_call_output_item, message_item, new_response
+from polygym import (
+    ServerCallError,
+    function_call_item,
+    function_call_output_item,
+    message_item,
+    new_response,
+    testing,
+)
+from polygym.testing import ServerClient, read_jsonl, serve_in_process
 from resources_servers.example_single_tool_call.app import ExampleSingleToolCall
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -16,7 +16,7 @@ from pathlib import Path
 if not __package__:  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from polygym.authoring.datagen import generator_parser, per_split, write_splits
+from polygym import generator_parser, per_split, write_splits
 from resources_servers.guess_number.app import GameSpec
 
 HERE = Path(__file__).parent

@@ -8,17 +8,26 @@ from typing import Any
 
 import pytest
 
-from polygym.authoring.testing import (
+from polygym import (
+    MAX_ACTION_CHARS,
+    EpisodicServer,
+    ServerCallError,
+    Session,
+    function_call_item,
+    function_call_output_item,
+    message_item,
+    new_response,
+    split_turns,
+    turn_action,
+)
+from polygym.testing import (
+    ServerClient,
     assert_generator_reproduces,
     in_process_client,
     read_splits,
     serve_in_process,
     verify,
 )
-from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import function_call_item, function_call_output_item, message_item, new_response
-from polygym.servers.episodic import MAX_ACTION_CHARS, EpisodicServer, split_turns, turn_action
-from polygym.servers.sessions import Session
 from resources_servers.guess_number.app import (
     GameSpec,
     GuessNumber,

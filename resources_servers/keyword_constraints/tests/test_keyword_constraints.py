@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from polygym.authoring.testing import assert_generator_reproduces, read_splits, serve_in_process, verify
-from polygym.net.client import ServerCallError
+from polygym import ServerCallError
+from polygym.testing import assert_generator_reproduces, read_splits, serve_in_process, verify
 from resources_servers.keyword_constraints.app import KeywordConstraints, check
 from resources_servers.keyword_constraints.data.generate import HELD_WORDS, SPLITS, TRAIN_WORDS
 

@@ -21,7 +21,7 @@ from pathlib import Path
 if not __package__:  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from polygym.authoring.datagen import generator_main
+from polygym import generator_main
 
 SEED = 31337
 SPLITS = {"example": 5, "train": 200, "validation": 50}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import sympy
 
-from polygym.authoring.testing import assert_generator_reproduces, read_splits
+from polygym.testing import assert_generator_reproduces, read_splits
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SPLITS = {"example": 5, "train": 200, "validation": 50}

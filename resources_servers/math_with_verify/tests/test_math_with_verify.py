@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from polygym.authoring.testing import read_jsonl, serve_in_process, synthetic_response, verify
-from polygym.net.client import ServerCallError
-from polygym.protocol import message_item
+from polygym import ServerCallError, message_item
+from polygym.testing import read_jsonl, serve_in_process, synthetic_response, verify
 from resources_servers.math_with_verify.app import MathWithVerify
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from polygym.authoring.testing import assert_generator_reproduces, read_splits, serve_in_process, verify
-from polygym.net.client import ServerCallError
-from polygym.protocol import message_item, new_response
+from polygym import ServerCallError, message_item, new_response
+from polygym.testing import assert_generator_reproduces, read_splits, serve_in_process, verify
 from resources_servers.mcqa.app import Mcqa, extract_letter, normalize_options
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"

@@ -19,7 +19,7 @@ if not __package__:  # run as a file: make the repository root importable
 
 import reasoning_gym
 
-from polygym.authoring.datagen import generator_parser, per_split, write_splits
+from polygym import generator_parser, per_split, write_splits
 
 HERE = Path(__file__).parent
 AGENT = "reasoning_gym_simple_agent"

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from polygym.authoring.testing import (
+from polygym import ServerCallError, function_call_item, new_response
+from polygym.testing import (
+    ServerClient,
     assert_generator_reproduces,
     in_process_client,
     read_splits,
     synthetic_response,
     verify,
 )
-from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import function_call_item, new_response
 from resources_servers.reasoning_gym.app import ReasoningGym, extract_answer
 from resources_servers.reasoning_gym.data.generate import DEFAULT_TASKS
 

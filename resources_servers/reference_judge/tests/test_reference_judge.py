@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from polygym.authoring.testing import assert_generator_reproduces, in_process_client, read_splits, verify
-from polygym.net.client import ServerCallError
-from polygym.servers.judge import JUDGE_FAILED, JUDGE_FAILED_STATUS, UnreadableVerdict
+from polygym import JUDGE_FAILED, JUDGE_FAILED_STATUS, ServerCallError, UnreadableVerdict
+from polygym.testing import assert_generator_reproduces, in_process_client, read_splits, verify
 from resources_servers.reference_judge.app import ReferenceJudge, judge_prompt, parse_verdict
 from responses_api_models.scripted_model.app import ScriptedModel
 

@@ -15,12 +15,8 @@ from typing import Any
 
 import pytest
 
-from polygym.collect.dataset import Materialization, load_jobs
-from polygym.collect.rollouts import Limits, collect
-from polygym.net.client import ServerCallError, ServerClient
-from polygym.stack.catalog import selector_paths
-from polygym.stack.config import load_config
-from polygym.stack.launcher import Stack
+from polygym import ServerCallError
+from polygym.testing import ServerClient, Stack, collect_rollouts, inline_stack
 from resources_servers.guess_number.app import GameSpec, binary_search_guesses
 
 AGENT = "guess_number_gymnasium_agent"
@@ -52,13 +48,8 @@ short_agent:
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     extra = tmp_path / "agents.yaml"
     extra.write_text(EXTRA_CONFIG)
-    config = load_config(selector_paths(["guess_number"], ["scripted_model"], [str(extra)]), env_files=[])
-    running = Stack(config, backend="inline", head_port=0, record=False)
-    await running.start()
-    try:
+    async with inline_stack(["guess_number"], ["scripted_model"], [extra]) as running:
         yield running
-    finally:
-        await running.stop()
 
 
 def row(script: list[dict[str, Any]] | None, game: dict[str, Any] = GAME) -> dict[str, Any]:
@@ -182,9 +173,8 @@ async def test_model_failure_fails_the_rollout_and_releases_the_session(stack):
 
 
 async def test_collect_runs_the_example_dataset(stack):
-    jobs = load_jobs(EXAMPLE, [AGENT], options=Materialization(num_repeats=2))
     assert stack.client is not None
-    results = [r async for r in collect(jobs, stack.client, Limits(concurrency=4))]
+    results = await collect_rollouts(stack.client, EXAMPLE, AGENT, num_repeats=2, concurrency=4)
     assert len(results) == 10 and all(r.ok for r in results)
     # No script: the scripted model echoes the last observation, whose last number is a guess count.
     for result in results:

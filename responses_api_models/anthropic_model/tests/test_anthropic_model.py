@@ -15,12 +15,9 @@ from typing import Any
 import orjson
 import pytest
 
-from polygym.net import failure
-from polygym.net.client import Reply, ServerClient
-from polygym.net.listen import AppServer, bind_socket
-from polygym.net.retry import NO_RETRY
-from polygym.stack.config import load_config
-from polygym.stack.loader import server_class
+from polygym import NO_RETRY
+from polygym.models import failure
+from polygym.testing import AppServer, Reply, ServerClient, bind_socket, load_config, server_class
 from responses_api_models.anthropic_model.app import AnthropicModel
 from tests.net.fake_upstream import Answer, FakeUpstream, gzip_bomb, hang, reply
 

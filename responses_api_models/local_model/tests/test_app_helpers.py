@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from polygym.servers.base import HTTPError
+from polygym import HTTPError
 from responses_api_models.local_model.app import Config, episode_of, prepare_messages, tool_mode
 from responses_api_models.local_model.tool_calls import function_tools
 

@@ -17,9 +17,8 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI, BadRequestError
 
-from polygym.net.listen import AppServer, bind_socket
-from polygym.protocol import TRAINING_TOKEN_FIELDS
-from polygym.stack.config import load_config
+from polygym import TRAINING_TOKEN_FIELDS
+from polygym.testing import AppServer, bind_socket, load_config
 from responses_api_models.local_model.app import LocalModel
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]

@@ -22,9 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from polygym.net.client import ServerClient
-from polygym.net.listen import AppServer, bind_socket
-from polygym.net.retry import NO_RETRY
+from polygym import NO_RETRY
+from polygym.testing import AppServer, ServerClient, bind_socket
 from responses_api_models.openai_model.app import OpenAIModel
 from responses_api_models.scripted_model.app import ScriptedModel
 from tests.conftest import WEATHER_RULE, sdk_weather_round_trip

@@ -16,10 +16,8 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from polygym.net.client import ServerClient
-from polygym.net.listen import AppServer, bind_socket
-from polygym.net.retry import NO_RETRY
-from polygym.stack.config import load_config
+from polygym import NO_RETRY
+from polygym.testing import AppServer, ServerClient, bind_socket, load_config
 from responses_api_models.scripted_model.app import Config, ScriptedModel
 
 CONFIG_FILE = Path(__file__).resolve().parent.parent / "configs" / "scripted_model.yaml"

@@ -23,12 +23,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from polygym.net.client import Reply, ServerClient
-from polygym.net.listen import AppServer, bind_socket
-from polygym.net.retry import NO_RETRY
-from polygym.protocol import TRAINING_TOKEN_FIELDS
-from polygym.servers.sessions import SESSION_COOKIE
-from polygym.stack.config import load_config
+from polygym import NO_RETRY, TRAINING_TOKEN_FIELDS
+from polygym.testing import SESSION_COOKIE, AppServer, Reply, ServerClient, bind_socket, load_config
 from responses_api_models.scripted_model.app import ScriptedModel
 from responses_api_models.vllm_model.app import (
     VLLMModel,
@@ -593,7 +589,7 @@ async def test_prefix_token_ids_supplied_from_the_history(
 
 
 def test_a_stated_policy_version_is_kept_and_a_bad_one_ignored() -> None:
-    from polygym.dialects.chat import POLICY_VERSION_FIELD, attach_token_fields, strip_token_fields
+    from polygym.models import POLICY_VERSION_FIELD, attach_token_fields, strip_token_fields
 
     assert upstream_policy_version({"policy_version": 3}) == 3
     for junk in (True, -1, "3", 2.5, None):

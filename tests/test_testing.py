@@ -1,11 +1,11 @@
-"""polygym.authoring.testing calls an environment the way the inline backend does."""
+"""polygym.testing calls an environment the way the inline backend does."""
 
 import contextvars
 from typing import Any
 
-from polygym.authoring.testing import serve_in_process, verify
 from polygym.protocol import VerifyRequest, VerifyResponse
 from polygym.servers.resources import ResourcesServer
+from polygym.testing import serve_in_process, verify
 
 CURRENT = contextvars.ContextVar("current", default="caller")
 ROW = {"responses_create_params": {"input": "say yes"}}
