@@ -6,6 +6,7 @@ calls with ``--blend`` live here, so the eval command does not reach into the tr
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from rich.markup import escape
@@ -16,10 +17,13 @@ from polygym.blend.spec import BlendSpec, BlendSpecError, load_spec
 from polygym.blend.stepwise import StepFiles, StepReport, StepSettings, environments_to_serve, run_steps
 from polygym.cli.base import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, console, fail, load_stack_config
 from polygym.cli.interrupt import Interrupted, until_interrupted
+from polygym.cli.max_failures import end_of_run
 from polygym.collect.dataset import DatasetError
+from polygym.collect.failure_budget import NO_FAILURES, FailureBudget
 from polygym.collect.run_files import RunFileError
 from polygym.jsonl import iter_jsonl
 from polygym.net.client import ServerCallError
+from polygym.row import STEP_FIELD
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError, StackConfig
 from polygym.stack.session import StackSession, StackTarget
@@ -62,11 +66,11 @@ async def run_blend(
     output: Path,
     settings: StepSettings,
     overwrite: bool = False,
-    max_failures: int | None = None,
+    max_failures: FailureBudget = NO_FAILURES,
 ) -> int:
     """Collect ``settings.steps`` steps of ``spec`` on the stack ``target`` starts or joins, print
-    a line per step, and return the exit code: 2 bad input, 1 stack trouble or more than
-    ``max_failures`` failed rollouts (stragglers included), 130 Ctrl-C."""
+    a line per step, and return the exit code: 2 bad input, 1 stack trouble or more failed
+    rollouts (stragglers included) than ``max_failures`` allows, 130 Ctrl-C."""
     err = console(stderr=True)
     try:
         blend = load_blend(spec)
@@ -94,11 +98,9 @@ async def run_blend(
     except (LaunchError, ServerCallError) as exc:
         err.print("[red]error:[/]", escape(str(exc)))
         return EXIT_FAILURE
-    failed = _print_collected(reports, output, settings)
-    if max_failures is not None and failed > max_failures:
-        err.print(f"[red]error:[/] {failed} rollouts failed or straggled (--max-failures {max_failures})")
-        return EXIT_FAILURE
-    return 0
+    failed, sent = _print_collected(reports, output, settings)
+    by_class = _failure_classes(StepFiles(output), {r.step for r in reports})
+    return end_of_run(max_failures, failed, sent, by_class)
 
 
 def next_step(output: Path, start: int = 0) -> int:
@@ -107,8 +109,8 @@ def next_step(output: Path, start: int = 0) -> int:
     return max([start - 1, *(s for s in finished if isinstance(s, int))]) + 1
 
 
-def _print_collected(reports: list[StepReport], output: Path, settings: StepSettings) -> int:
-    """Print the run's totals; returns the rollouts that failed or straggled."""
+def _print_collected(reports: list[StepReport], output: Path, settings: StepSettings) -> tuple[int, int]:
+    """Print the run's totals; returns the rollouts that failed or straggled, and those sent."""
     stragglers = sum(r.total.stragglers for r in reports)
     failures = sum(r.total.failures for r in reports)
     start, files = settings.start_step, StepFiles(output)
@@ -117,4 +119,12 @@ def _print_collected(reports: list[StepReport], output: Path, settings: StepSett
         f"{sum(r.total.completed for r in reports)} rollouts, {failures} failed, {stragglers} stragglers. "
         f"Files: {', '.join(str(p) for p in files.all())}"
     )
-    return failures + stragglers
+    completed = sum(r.total.completed for r in reports)
+    return failures + stragglers, completed + failures + stragglers
+
+
+def _failure_classes(files: StepFiles, steps: set[int]) -> Counter[str]:
+    """Failed rollouts of ``steps`` by class (``Straggler`` included), read back from the failures file."""
+    return Counter(
+        str(f.get("error_class")) for f in iter_jsonl(files.failures) if f.get(STEP_FIELD) in steps
+    )

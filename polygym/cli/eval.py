@@ -29,12 +29,19 @@ from polygym.cli.blend_run import load_spec_or_exit, next_step, run_blend
 from polygym.cli.compare import compare_command
 from polygym.cli.health import health_check_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
+from polygym.cli.max_failures import end_of_run, max_failures_option
 from polygym.cli.placement_options import refuse_when_joining
 from polygym.cli.reverify import reverify_command
-from polygym.cli.run_options import POSITIVE_SECONDS, resume_command, stack_options, stack_target
+from polygym.cli.run_options import (
+    POSITIVE_SECONDS,
+    resume_command,
+    stack_options,
+    stack_target,
+)
 from polygym.cli.stack_deaths import report_deaths, server_deaths, server_needs
 from polygym.collect.dataset import DatasetError, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
+from polygym.collect.failure_budget import NO_FAILURES, FailureBudget
 from polygym.collect.health import DEFAULT_QUARANTINE_MIN, DEFAULT_QUARANTINE_RATE, QUARANTINED, HealthMonitor
 from polygym.collect.job_plan import MAX_NUM_REPEATS, JobPlan, Materialization
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, MAX_CONCURRENCY, Limits
@@ -141,12 +148,7 @@ def parse_per_agent(values: tuple[str, ...], flag: str, maximum: int) -> tuple[i
     help="With --resume: continue even if the policy or environments differ from the run's (recorded).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace existing output files.")
-@click.option(
-    "--max-failures",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Exit 1 when more rollouts than this fail.",
-)
+@max_failures_option
 @click.option(
     "--quarantine-rate",
     type=click.FloatRange(min=0, max=1, min_open=True),
@@ -356,8 +358,8 @@ class EvalRunSettings:
     overwrite: bool = False
     allow_stack_change: bool = False
     """With ``resume``: continue against a stack whose policy or environments changed (recorded)."""
-    max_failures: int | None = None
-    """Exit 1 when more rollouts than this fail (with ``--blend`` stragglers count as failed)."""
+    max_failures: FailureBudget = NO_FAILURES
+    """Failed rollouts the run may end with and still exit 0 (with ``--blend`` stragglers count)."""
     quarantine_rate: float = DEFAULT_QUARANTINE_RATE
     quarantine_min: int = DEFAULT_QUARANTINE_MIN
     """An environment is quarantined past ``quarantine_rate`` failed or unhealthy over this many."""
@@ -486,17 +488,13 @@ async def _collect(
         _print_interrupted(files)
         return EXIT_INTERRUPTED
     _print_summary(files, summary, settings.aggregate)
-    if health is not None and (status := report_deaths(health, summary)) is not None:
-        return status
-    if summary.health.quarantined:
+    status = report_deaths(health, summary) if health is not None else None
+    if status is None and summary.health.quarantined:
         _print_quarantined(summary)
-        return EXIT_FAILURE
-    if settings.max_failures is not None and summary.failed > settings.max_failures:
-        console(stderr=True).print(
-            f"[red]error:[/] {summary.failed} rollouts failed (--max-failures {settings.max_failures})"
-        )
-        return EXIT_FAILURE
-    return 0
+        status = EXIT_FAILURE
+    sent = summary.succeeded + summary.failed
+    verdict = end_of_run(settings.max_failures, summary.failed, sent, summary.failures_by_class)
+    return status if status is not None else verdict
 
 
 def _print_quarantined(summary: RunSummary) -> None:

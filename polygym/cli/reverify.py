@@ -12,8 +12,10 @@ from rich.table import Table
 
 from polygym.cli.base import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, console, selector_options
 from polygym.cli.interrupt import Interrupted, until_interrupted
+from polygym.cli.max_failures import end_of_run, max_failures_option
 from polygym.cli.placement_options import refuse_when_joining
 from polygym.cli.run_options import POSITIVE_SECONDS, resume_command, stack_options, stack_target
+from polygym.collect.failure_budget import FailureBudget
 from polygym.collect.reverify import (
     DEFAULT_VERIFY_TIMEOUT_S,
     OUTCOMES,
@@ -74,6 +76,7 @@ from polygym.stack.session import StackSession, StackTarget
     is_flag=True,
     help="With --resume: continue even if the policy or environments differ from the run's (recorded).",
 )
+@max_failures_option
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1, max=MAX_CONCURRENCY),
@@ -118,10 +121,10 @@ def reverify_command(ctx: click.Context, **opts: Any) -> None:
         aggregate=not opts["disable_aggregation"],
     )
     refuse_when_joining(ctx, opts)
-    sys.exit(run_async(_reverify(stack_target(opts), settings)))
+    sys.exit(run_async(_reverify(stack_target(opts), settings, opts["max_failures"])))
 
 
-async def _reverify(target: StackTarget, settings: ReverifySettings) -> int:
+async def _reverify(target: StackTarget, settings: ReverifySettings, max_failures: FailureBudget) -> int:
     try:
         files = settings.files()
         async with StackSession(target, settings.concurrency) as session:
@@ -139,7 +142,8 @@ async def _reverify(target: StackTarget, settings: ReverifySettings) -> int:
         console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
         return EXIT_FAILURE
     _print_diff(files, summary)
-    return 0
+    sent = summary.verified + summary.failed
+    return end_of_run(max_failures, summary.failed, sent, summary.failures_by_class, "rows")
 
 
 def _print_diff(files: RunFiles, summary: ReverifySummary) -> None:
