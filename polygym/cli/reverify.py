@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,10 @@ async def _reverify(target: StackTarget, settings: ReverifySettings, max_failure
         console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
         return EXIT_FAILURE
     _print_diff(files, summary)
-    sent = summary.verified + summary.failed
-    return end_of_run(max_failures, summary.failed, sent, summary.failures_by_class, "rows")
+    unreadable = summary.unreadable
+    failed = summary.failed + sum(unreadable.values())
+    by_class = summary.failures_by_class + unreadable
+    return end_of_run(max_failures, failed, summary.verified + failed, by_class, "rows")
 
 
 def _print_diff(files: RunFiles, summary: ReverifySummary) -> None:
@@ -168,5 +171,24 @@ def _print_diff(files: RunFiles, summary: ReverifySummary) -> None:
             f"{summary.no_response} failed rows have no response to verify; "
             "rerun them with gym eval run --resume"
         )
+    if summary.dropped:
+        _print_dropped(summary)
     if summary.forced:
         out.print(f"[yellow]warning:[/] reverified with --force against {', '.join(summary.forced)}")
+
+
+SHOWN_DROPPED = 10
+"""Dropped lines named one by one; the rest are counted."""
+
+
+def _print_dropped(summary: ReverifySummary) -> None:
+    """Every line of the stored run that was not reverified, counted by why and named (the first
+    ``SHOWN_DROPPED``): unreadable lines count as failed rows, a duplicate key is verified once."""
+    err = console(stderr=True)
+    kinds = Counter(d.kind for d in summary.dropped)
+    counted = ", ".join(f"{kind}: {n}" for kind, n in kinds.most_common())
+    err.print(f"[yellow]warning:[/] {len(summary.dropped)} lines were not reverified ({escape(counted)}):")
+    for dropped in summary.dropped[:SHOWN_DROPPED]:
+        err.print(f"  - {escape(str(dropped))}")
+    if len(summary.dropped) > SHOWN_DROPPED:
+        err.print(f"  ... and {len(summary.dropped) - SHOWN_DROPPED} more")

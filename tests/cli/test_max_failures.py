@@ -134,3 +134,23 @@ def test_a_bad_max_failures_exits_2_naming_it(tmp_path: Path) -> None:
     result = gym_run("eval", "run", "--input", "x", "--output", "y", "--max-failures", "5 %%")
     assert result.exit_code == 2
     assert "--max-failures" in result.stderr and "is not a percentage" in result.stderr
+
+
+@pytest.mark.e2e
+def test_reverify_names_the_lines_it_cannot_read_and_counts_them_failed(tmp_path: Path) -> None:
+    """A stored run with a line of invalid UTF-8 and a duplicate: named, and the unreadable one fails."""
+    rows = list(iter_jsonl(EXAMPLE))[:1]
+    write_jsonl(rows, tmp_path / "in.jsonl")
+    run = ["--model-type", "scripted_model", "--resources-server", "example_single_tool_call"]
+    collected = gym_run(
+        "eval", "run", *run, "--input", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "x.jsonl")
+    )
+    assert collected.exit_code == 0, collected.output
+    stored = (tmp_path / "x.jsonl").read_bytes()
+    (tmp_path / "x.jsonl").write_bytes(stored + stored + b'{"bad": "\xff"}\n')
+    result = gym_run("eval", "reverify", *run, "--rollouts", str(tmp_path / "x.jsonl"))
+    assert result.exit_code == 1, result.output
+    assert "2 lines were not reverified (Duplicate: 1, InvalidUTF8: 1)" in result.stderr
+    assert f"{tmp_path / 'x.jsonl'}:2: Duplicate" in result.stderr
+    assert f"{tmp_path / 'x.jsonl'}:3: InvalidUTF8" in result.stderr
+    assert "1 of 2 rows failed (InvalidUTF8: 1)" in last_line(result.stderr)
