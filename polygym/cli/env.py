@@ -30,6 +30,8 @@ from polygym.cli.placement_options import placement_options, replica_counts
 from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import NO_RETRY
+from polygym.protocol import MODEL_KIND
+from polygym.servers.model import UPSTREAM_PROBE, UPSTREAM_PROBE_TIMEOUT_S
 from polygym.stack import records as stacks
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError
@@ -48,6 +50,9 @@ def env() -> None:
 
 
 REGISTRY_TIMEOUT_S = 2.0
+HEALTH_TIMEOUT_S = UPSTREAM_PROBE_TIMEOUT_S + 2.0
+"""A server's ``GET /`` may wait for its upstream probe: a silent upstream shows as such, not as a
+model server that is down."""
 SERVER_COLUMNS = ("name", "kind", "implementation", "url", "pid", "registered by", "pool")
 REPLICA_COLUMNS = ("replica", "node", "restarts")
 """Shown when the stack places replicas (Ray, ``--workers``): where each one runs, how often it died."""
@@ -75,7 +80,9 @@ def server_table(
     replicas = any("replica" in entry for entry in servers)
     extra = REPLICA_COLUMNS if replicas else ()
     for column in (*SERVER_COLUMNS, *extra, *(["in flight", "health"] if health is not None else [])):
-        table.add_column(column)
+        # A value wider than its column folds onto the next line: a name or URL cut short with
+        # "…" could not be told apart from another one, or typed into a command.
+        table.add_column(column, overflow="fold")
     for entry in servers:
         row = [_cell(entry, f) for f in ("name", "kind", "implementation", "url", "pid", "registered_by")]
         row.append(
@@ -178,10 +185,7 @@ async def _serve_until_failure(stack: Stack) -> int:
         err.print("[red]error:[/]", escape(f"could not start the stack: {exc}"))
         return EXIT_FAILURE
     out.print(server_table(stack.servers(), f"polygym stack {stack.stack_id} ({stack.backend.name} backend)"))
-    out.print(
-        f"[bold green]ready:[/] {len(stack.servers())} servers up in {stack.started_in_s:.2f}s; "
-        f"head server {stack.head_url}. Press Ctrl-C to stop."
-    )
+    out.print(await _ready_line(stack))
     try:
         failure = await stack.wait_failure()
         err.print("[red]error:[/]", escape(failure.message))
@@ -191,6 +195,23 @@ async def _serve_until_failure(stack: Stack) -> int:
         began = time.perf_counter()
         await stack.stop()
         out.print(f"stopped {len(stack.config.servers)} servers in {time.perf_counter() - began:.2f}s")
+
+
+async def _ready_line(stack: Stack) -> str:
+    """``ready:``, and which model servers cannot reach their upstream (each asked once more
+    through its ``GET /``): a stack whose policy nobody can reach is up, not ready to collect."""
+    models = [s for s in stack.servers() if s.get("kind") == MODEL_KIND]
+    found = await _health(models)
+    problems = [
+        f"{slot} {status}"
+        for slot, probe in found.items()
+        if (status := probe["status"]).startswith(UPSTREAM)
+    ]
+    up = f"{len(stack.servers())} servers up in {stack.started_in_s:.2f}s"
+    where = f"head server {stack.head_url}. Press Ctrl-C to stop."
+    if not problems:
+        return f"[bold green]ready:[/] {up}; {escape(where)}"
+    return f"[bold red]ready:[/] {up}, [red]but {escape('; '.join(problems))}[/]; {escape(where)}"
 
 
 async def _registry(head_url: str) -> list[dict[str, Any]] | None:
@@ -230,7 +251,7 @@ async def _health(servers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             slot = slot_of(entry)
             try:
                 url = entry["url"] + str(entry.get("health_path") or "/")
-                reply = await client.request_url("GET", url, timeout_s=2.0, retry=NO_RETRY)
+                reply = await client.request_url("GET", url, timeout_s=HEALTH_TIMEOUT_S, retry=NO_RETRY)
             except ServerCallError as exc:
                 return slot, {"status": f"down ({exc.error_class})"}
             if reply.status != 200:
@@ -242,11 +263,27 @@ async def _health(servers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             body = body if isinstance(body, dict) else {}
             sessions = body.get("sessions")
             status = f"ok, {sessions['active']} sessions" if isinstance(sessions, dict) else "ok"
+            status = _upstream_status(body.get(UPSTREAM_PROBE)) or status
             return slot, {"status": status, "in_flight": body.get("in_flight")}
 
         return dict(await asyncio.gather(*(probe(e) for e in servers)))
     finally:
         await client.close()
+
+
+UPSTREAM = "upstream"
+"""How a health status starts when the server is up but its upstream is not (never ``ok``)."""
+
+
+def _upstream_status(probes: Any) -> str | None:
+    """What a model server's upstream probes found, when one is not ``ok``: the URL (its password
+    masked by the server) and why; None when every upstream answered or there is none."""
+    if not isinstance(probes, list):
+        return None
+    bad = [p for p in probes if isinstance(p, dict) and p.get("ok") is False]
+    if not bad:
+        return None
+    return f"{UPSTREAM} " + ", ".join(f"{p.get('url', '?')} {p.get('error', 'failed')}" for p in bad)
 
 
 @env.command("status")

@@ -34,7 +34,7 @@ from polygym.dialects import messages as messages_convert
 from polygym.net.failure import BAD_JSON
 from polygym.net.retry import TRANSIENT_STATUSES
 from polygym.redact import redact_text
-from polygym.servers.model import relay, upstream_failure
+from polygym.servers.model import Probe, relay, upstream_failure
 
 OVERLOADED = 529
 """Anthropic's "overloaded" status: transient, like a 503."""
@@ -74,6 +74,10 @@ class AnthropicModel(ModelServer[Config]):
 
     async def shutdown(self) -> None:
         await self.upstream.close()
+
+    def upstream_probes(self) -> list[Probe]:
+        """Anthropic's models route, next to its messages route."""
+        return [Probe(self.url.removesuffix("/messages") + "/models", self.headers)]
 
     async def health(self) -> dict[str, Any]:
         return {

@@ -55,7 +55,7 @@ from polygym.net.client import Reply
 from polygym.net.retry import NO_RETRY
 from polygym.protocol import input_items
 from polygym.redact import redact_text
-from polygym.servers.model import relay, upstream_failure
+from polygym.servers.model import Probe, relay, upstream_failure
 from polygym.training.continuation import PREFIX_FIELD, parent_ids
 from responses_api_models.vllm_model.routing import UpstreamPool, content_key
 
@@ -301,6 +301,10 @@ class VLLMModel(ModelServer[Config]):
 
     async def shutdown(self) -> None:
         await self.upstream.close()
+
+    def upstream_probes(self) -> list[Probe]:
+        """Every upstream's models route (vLLM serves ``/v1/models``), so one dead replica shows."""
+        return [Probe(url.rstrip("/") + "/models", self.headers) for url in self.config.base_url]
 
     async def health(self) -> dict[str, Any]:
         return {**await super().health(), "model": self.config.model, "upstreams": self.pool.status()}
