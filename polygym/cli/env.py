@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import sys
 import time
@@ -27,11 +26,9 @@ from polygym.cli.base import (
 )
 from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.placement_options import placement_options, replica_counts
+from polygym.cli.server_health import ping_servers, upstream_problems
 from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.net.retry import NO_RETRY
-from polygym.protocol import MODEL_KIND
-from polygym.servers.model import UPSTREAM_PROBE, UPSTREAM_PROBE_TIMEOUT_S
 from polygym.stack import records as stacks
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError
@@ -50,9 +47,6 @@ def env() -> None:
 
 
 REGISTRY_TIMEOUT_S = 2.0
-HEALTH_TIMEOUT_S = UPSTREAM_PROBE_TIMEOUT_S + 2.0
-"""A server's ``GET /`` may wait for its upstream probe: a silent upstream shows as such, not as a
-model server that is down."""
 SERVER_COLUMNS = ("name", "kind", "implementation", "url", "pid", "registered by", "pool")
 REPLICA_COLUMNS = ("replica", "node", "restarts")
 """Shown when the stack places replicas (Ray, ``--workers``): where each one runs, how often it died."""
@@ -198,15 +192,9 @@ async def _serve_until_failure(stack: Stack) -> int:
 
 
 async def _ready_line(stack: Stack) -> str:
-    """``ready:``, and which model servers cannot reach their upstream (each asked once more
-    through its ``GET /``): a stack whose policy nobody can reach is up, not ready to collect."""
-    models = [s for s in stack.servers() if s.get("kind") == MODEL_KIND]
-    found = await _health(models)
-    problems = [
-        f"{slot} {status}"
-        for slot, probe in found.items()
-        if (status := probe["status"]).startswith(UPSTREAM)
-    ]
+    """``ready:``, and which model servers cannot reach their upstream (each asked through its
+    ``GET /``): a stack whose policy nobody can reach is up, not ready to collect."""
+    problems = await upstream_problems(stack.servers())
     up = f"{len(stack.servers())} servers up in {stack.started_in_s:.2f}s"
     where = f"head server {stack.head_url}. Press Ctrl-C to stop."
     if not problems:
@@ -237,53 +225,9 @@ async def _inspect(record: dict[str, Any]) -> None:
     registry = await _registry(record["head_url"])
     record["registry"] = registry
     record["unexpected"] = _unexpected(registry, record["servers"]) if registry is not None else []
-    probes = await _health(registry if registry is not None else record["servers"])
+    probes = await ping_servers(registry if registry is not None else record["servers"])
     record["health"] = {slot: probe["status"] for slot, probe in probes.items()}
     record["in_flight"] = {slot: probe.get("in_flight") for slot, probe in probes.items()}
-
-
-async def _health(servers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Every replica pinged on its own URL (not one per name): its status and requests in flight."""
-    client = ServerClient(pool_size=64)
-    try:
-
-        async def probe(entry: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-            slot = slot_of(entry)
-            try:
-                url = entry["url"] + str(entry.get("health_path") or "/")
-                reply = await client.request_url("GET", url, timeout_s=HEALTH_TIMEOUT_S, retry=NO_RETRY)
-            except ServerCallError as exc:
-                return slot, {"status": f"down ({exc.error_class})"}
-            if reply.status != 200:
-                return slot, {"status": f"unhealthy (HTTP {reply.status})"}
-            try:
-                body = reply.json()
-            except ServerCallError:
-                body = None
-            body = body if isinstance(body, dict) else {}
-            sessions = body.get("sessions")
-            status = f"ok, {sessions['active']} sessions" if isinstance(sessions, dict) else "ok"
-            status = _upstream_status(body.get(UPSTREAM_PROBE)) or status
-            return slot, {"status": status, "in_flight": body.get("in_flight")}
-
-        return dict(await asyncio.gather(*(probe(e) for e in servers)))
-    finally:
-        await client.close()
-
-
-UPSTREAM = "upstream"
-"""How a health status starts when the server is up but its upstream is not (never ``ok``)."""
-
-
-def _upstream_status(probes: Any) -> str | None:
-    """What a model server's upstream probes found, when one is not ``ok``: the URL (its password
-    masked by the server) and why; None when every upstream answered or there is none."""
-    if not isinstance(probes, list):
-        return None
-    bad = [p for p in probes if isinstance(p, dict) and p.get("ok") is False]
-    if not bad:
-        return None
-    return f"{UPSTREAM} " + ", ".join(f"{p.get('url', '?')} {p.get('error', 'failed')}" for p in bad)
 
 
 @env.command("status")

@@ -38,6 +38,7 @@ from polygym.cli.run_options import (
     stack_options,
     stack_target,
 )
+from polygym.cli.server_health import upstream_problems
 from polygym.cli.stack_deaths import report_deaths, server_deaths, server_needs
 from polygym.collect.dataset import DatasetError, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
@@ -448,6 +449,7 @@ async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
         async with StackSession(target, settings.limits.concurrency) as session:
             plan = _load(settings, session.agents)
             client = await session.connect()
+            await _warn_unreachable_policies(client)
             if session.stack is None or target.config is None:
                 return await _collect(client, plan, settings, None)
             health = StackHealth(server_needs(target.config))
@@ -463,6 +465,18 @@ async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
     except ServerCallError as exc:
         console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
         return EXIT_FAILURE
+
+
+async def _warn_unreachable_policies(client: ServerClient) -> None:
+    """Before the first rollout, name each model server that cannot reach its upstream (its
+    rollouts will fail, and the run will say so at the end): a warning, not a refusal, since an
+    upstream may come up while the run starts."""
+    try:
+        servers = await client.servers()
+    except ServerCallError:
+        return  # the run itself will report a stack it cannot reach
+    for problem in await upstream_problems([s for s in servers if isinstance(s, dict)]):
+        console(stderr=True).print("[yellow]warning:[/]", escape(f"{problem}: its rollouts will fail"))
 
 
 async def _collect(

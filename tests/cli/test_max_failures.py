@@ -60,6 +60,8 @@ def test_a_dead_model_url_exits_1_naming_the_failure_class(tmp_path: Path, dead_
     line = last_line(result.stderr)
     assert line.startswith("error: 5 of 5 rollouts failed (ConnectionRefused: 5): more than --max-failures 0")
     assert "sk-not-shown" not in result.output
+    warned = f"warning: policy_model upstream {dead_url}/models unreachable (ConnectionRefused): its rollouts"
+    assert warned in " ".join(result.stderr.split())
 
 
 @pytest.mark.e2e
