@@ -13,9 +13,9 @@ A model server that forwards to an upstream API names the URLs to probe (``upstr
 ``GET /`` asks each one (``GET {base_url}/models``, once, no retry) and says what it found, the URL's
 password masked. ``gym env start`` asks every model server as soon as the stack is up, for its
 ``ready:`` line, ``gym eval run`` before its first rollout (a warning), and ``gym env status``
-again, so none calls a policy nobody can reach ``ok``. The probe is not sent from the server's own start-up: an upstream that a trainer or a test
-scripts call by call would receive a request nobody asked for. Servers with nothing upstream
-(scripted, local) probe nothing.
+again, so none calls a policy nobody can reach ``ok``. The probe is not sent from the server's
+own start-up: an upstream that a trainer or a test scripts call by call would receive a request
+nobody asked for. Servers with nothing upstream (scripted, local) probe nothing.
 """
 
 from __future__ import annotations
