@@ -40,7 +40,7 @@ from polygym.net.client import Reply
 from polygym.net.retry import TRANSIENT_STATUSES
 from polygym.redact import redact_text
 from polygym.servers.base import validation_message
-from polygym.servers.model import relay, upstream_failure
+from polygym.servers.model import Probe, relay, upstream_failure
 from polygym.training.continuation import (
     PREFIX_FIELD,
     Continuation,
@@ -62,6 +62,7 @@ __all__ = [
     "TRANSIENT_STATUSES",
     "Continuation",
     "NoCleanSuffix",
+    "Probe",
     "Reply",
     "WeightsError",
     "attach_token_fields",

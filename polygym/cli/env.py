@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import signal
 import sys
@@ -28,9 +27,9 @@ from polygym.cli.base import (
 )
 from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.placement_options import placement_options, replica_counts
+from polygym.cli.server_health import ping_servers, upstream_problems
 from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.net.retry import NO_RETRY
 from polygym.stack import records as stacks
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError
@@ -76,7 +75,9 @@ def server_table(
     replicas = any("replica" in entry for entry in servers)
     extra = REPLICA_COLUMNS if replicas else ()
     for column in (*SERVER_COLUMNS, *extra, *(["in flight", "health"] if health is not None else [])):
-        table.add_column(column)
+        # A value wider than its column folds onto the next line: a name or URL cut short with
+        # "…" could not be told apart from another one, or typed into a command.
+        table.add_column(column, overflow="fold")
     for entry in servers:
         row = [_cell(entry, f) for f in ("name", "kind", "implementation", "url", "pid", "registered_by")]
         row.append(
@@ -205,10 +206,7 @@ async def _serve_until_failure(stack: Stack) -> int:
         err.print("[red]error:[/]", escape(f"could not start the stack: {exc}"))
         return EXIT_FAILURE
     out.print(server_table(stack.servers(), f"polygym stack {stack.stack_id} ({stack.backend.name} backend)"))
-    out.print(
-        f"[bold green]ready:[/] {len(stack.servers())} servers up in {stack.started_in_s:.2f}s; "
-        f"head server {stack.head_url}. Press Ctrl-C to stop."
-    )
+    out.print(await _ready_line(stack))
     try:
         failure = await stack.wait_failure()
         err.print("[red]error:[/]", escape(failure.message))
@@ -218,6 +216,17 @@ async def _serve_until_failure(stack: Stack) -> int:
         began = time.perf_counter()
         await stack.stop()
         out.print(f"stopped {len(stack.config.servers)} servers in {time.perf_counter() - began:.2f}s")
+
+
+async def _ready_line(stack: Stack) -> str:
+    """``ready:``, and which model servers cannot reach their upstream (each asked through its
+    ``GET /``): a stack whose policy nobody can reach is up, not ready to collect."""
+    problems = await upstream_problems(stack.servers())
+    up = f"{len(stack.servers())} servers up in {stack.started_in_s:.2f}s"
+    where = f"head server {stack.head_url}. Press Ctrl-C to stop."
+    if not problems:
+        return f"[bold green]ready:[/] {up}; {escape(where)}"
+    return f"[bold red]ready:[/] {up}, [red]but {escape('; '.join(problems))}[/]; {escape(where)}"
 
 
 async def _registry(head_url: str) -> list[dict[str, Any]] | None:
@@ -243,37 +252,9 @@ async def _inspect(record: dict[str, Any]) -> None:
     registry = await _registry(record["head_url"])
     record["registry"] = registry
     record["unexpected"] = _unexpected(registry, record["servers"]) if registry is not None else []
-    probes = await _health(registry if registry is not None else record["servers"])
+    probes = await ping_servers(registry if registry is not None else record["servers"])
     record["health"] = {slot: probe["status"] for slot, probe in probes.items()}
     record["in_flight"] = {slot: probe.get("in_flight") for slot, probe in probes.items()}
-
-
-async def _health(servers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Every replica pinged on its own URL (not one per name): its status and requests in flight."""
-    client = ServerClient(pool_size=64)
-    try:
-
-        async def probe(entry: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-            slot = slot_of(entry)
-            try:
-                url = entry["url"] + str(entry.get("health_path") or "/")
-                reply = await client.request_url("GET", url, timeout_s=2.0, retry=NO_RETRY)
-            except ServerCallError as exc:
-                return slot, {"status": f"down ({exc.error_class})"}
-            if reply.status != 200:
-                return slot, {"status": f"unhealthy (HTTP {reply.status})"}
-            try:
-                body = reply.json()
-            except ServerCallError:
-                body = None
-            body = body if isinstance(body, dict) else {}
-            sessions = body.get("sessions")
-            status = f"ok, {sessions['active']} sessions" if isinstance(sessions, dict) else "ok"
-            return slot, {"status": status, "in_flight": body.get("in_flight")}
-
-        return dict(await asyncio.gather(*(probe(e) for e in servers)))
-    finally:
-        await client.close()
 
 
 @env.command("status")

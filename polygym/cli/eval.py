@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import shlex
 import sys
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.blend.spec import BlendSpec
 from polygym.blend.stepwise import StepSettings
 from polygym.cli.base import (
     EXIT_FAILURE,
@@ -26,28 +22,29 @@ from polygym.cli.base import (
     SuggestingGroup,
     console,
     fail,
-    load_stack_config,
     refuse_given,
     selector_options,
 )
+from polygym.cli.blend_run import load_spec_or_exit, next_step, run_blend
 from polygym.cli.compare import compare_command
 from polygym.cli.health import health_check_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
-from polygym.cli.placement_options import placement_options, refuse_when_joining, replica_counts
+from polygym.cli.max_failures import end_of_run, max_failures_option
+from polygym.cli.placement_options import refuse_when_joining
+from polygym.cli.reverify import reverify_command
+from polygym.cli.run_options import (
+    POSITIVE_SECONDS,
+    resume_command,
+    stack_options,
+    stack_target,
+)
+from polygym.cli.server_health import upstream_problems
 from polygym.cli.stack_deaths import report_deaths, server_deaths, server_needs
-from polygym.cli.train import blend_stack_config, load_spec_or_exit, next_step, run_blend
 from polygym.collect.dataset import DatasetError, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
+from polygym.collect.failure_budget import NO_FAILURES, FailureBudget
 from polygym.collect.health import DEFAULT_QUARANTINE_MIN, DEFAULT_QUARANTINE_RATE, QUARANTINED, HealthMonitor
 from polygym.collect.job_plan import MAX_NUM_REPEATS, JobPlan, Materialization
-from polygym.collect.reverify import (
-    DEFAULT_VERIFY_TIMEOUT_S,
-    OUTCOMES,
-    ReverifySettings,
-    ReverifySummary,
-    diff_path,
-    reverify,
-)
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, MAX_CONCURRENCY, Limits
 from polygym.collect.row_overrides import ROW_PARAMS, RowOverrides, split_overrides
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
@@ -55,17 +52,10 @@ from polygym.collect.sampling import sampling_problems
 from polygym.collect.stack_watch import StackHealth
 from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.redact import redact_argv
-from polygym.row import ALL_ENVS, env_label
-from polygym.stack import records as stacks
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError, parse_override
-from polygym.stack.launcher import BACKENDS
-from polygym.stack.placement import parse_workers
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group(cls=SuggestingGroup)
@@ -75,6 +65,7 @@ def eval_group() -> None:
 
 eval_group.add_command(compare_command, name="compare")
 eval_group.add_command(health_check_command, name="health-check")
+eval_group.add_command(reverify_command, name="reverify")
 
 
 def parse_per_agent(values: tuple[str, ...], flag: str, maximum: int) -> tuple[int | None, dict[str, int]]:
@@ -95,52 +86,6 @@ def parse_per_agent(values: tuple[str, ...], flag: str, maximum: int) -> tuple[i
         else:
             default = parsed
     return default, per_agent
-
-
-def discover_head(head_url: str | None) -> str:
-    """The head server to use with --no-serve: explicit, from the environment, or the one stack."""
-    url = head_url or os.environ.get("POLYGYM_HEAD_URL")
-    if url:
-        return url
-    running = stacks.list_stacks()
-    if not running:
-        fail(
-            "--no-serve: no running stack found; start one with `gym env start ...` or pass --head-url",
-            EXIT_USAGE,
-        )
-    if len(running) > 1:
-        heads = ", ".join(r["head_url"] for r in running)
-        fail(f"--no-serve: {len(running)} stacks are running ({heads}); pick one with --head-url", EXIT_USAGE)
-    return running[0]["head_url"]
-
-
-MASKED_NOTE = "(secret values masked: pass them again)"
-
-
-def stack_options(func: F) -> F:
-    """The options choosing the stack a command runs against (``stack_target`` reads them): start one
-    (``--backend`` and the placement options) or join a running one (``--no-serve``, ``--head-url``)."""
-    func = placement_options(func)
-    func = click.option(
-        "--backend", type=click.Choice(sorted(BACKENDS)), default="inline", show_default=True
-    )(func)
-    func = click.option(
-        "--head-url", default=None, help="Head server of the running stack (with --no-serve)."
-    )(func)
-    return click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")(func)
-
-
-def resume_command(argv: Sequence[str] | None = None) -> str:
-    """The command that finishes this run, safe to print: secret option values are masked, and the
-    hint says so, since a masked value must be typed again for the command to work."""
-    words = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--resume", "--overwrite")]
-    shown = redact_argv(words)
-    command = shlex.join(["gym", *shown, "--resume"])
-    return f"{command} {MASKED_NOTE}" if shown != words else command
-
-
-POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
-"""Seconds that must be more than zero: a zero timeout cannot be honoured, and must not mean a default."""
 
 
 @eval_group.command("run")
@@ -204,12 +149,7 @@ POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
     help="With --resume: continue even if the policy or environments differ from the run's (recorded).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace existing output files.")
-@click.option(
-    "--max-failures",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Exit 1 when more rollouts than this fail.",
-)
+@max_failures_option
 @click.option(
     "--quarantine-rate",
     type=click.FloatRange(min=0, max=1, min_open=True),
@@ -419,8 +359,8 @@ class EvalRunSettings:
     overwrite: bool = False
     allow_stack_change: bool = False
     """With ``resume``: continue against a stack whose policy or environments changed (recorded)."""
-    max_failures: int | None = None
-    """Exit 1 when more rollouts than this fail (with ``--blend`` stragglers count as failed)."""
+    max_failures: FailureBudget = NO_FAILURES
+    """Failed rollouts the run may end with and still exit 0 (with ``--blend`` stragglers count)."""
     quarantine_rate: float = DEFAULT_QUARANTINE_RATE
     quarantine_min: int = DEFAULT_QUARANTINE_MIN
     """An environment is quarantined past ``quarantine_rate`` failed or unhealthy over this many."""
@@ -486,22 +426,6 @@ class EvalRunSettings:
 SAMPLING_OPTIONS = ("temperature", "top_p", "max_output_tokens")
 
 
-def stack_target(opts: dict[str, Any], spec: BlendSpec | None = None) -> StackTarget:
-    """The running stack (``--no-serve``) or the one to start from the selectors (and ``spec``)."""
-    if opts["no_serve"]:
-        return StackTarget(head_url=discover_head(opts["head_url"]))
-    selectors = (opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"])
-    config = load_stack_config(*selectors) if spec is None else blend_stack_config(spec, *selectors)
-    try:
-        replicas = replica_counts(opts["replicas"], config)
-        workers = parse_workers(opts["workers"])
-    except ConfigError as exc:
-        fail(str(exc), EXIT_USAGE)
-    return StackTarget(
-        config, backend=opts["backend"], ray_address=opts["ray_address"], replicas=replicas, workers=workers
-    )
-
-
 def _load(settings: EvalRunSettings, agents: list[str]) -> JobPlan:
     assert settings.input is not None
     materialization = settings.materialization
@@ -525,6 +449,7 @@ async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
         async with StackSession(target, settings.limits.concurrency) as session:
             plan = _load(settings, session.agents)
             client = await session.connect()
+            await _warn_unreachable_policies(client)
             if session.stack is None or target.config is None:
                 return await _collect(client, plan, settings, None)
             health = StackHealth(server_needs(target.config))
@@ -540,6 +465,18 @@ async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
     except ServerCallError as exc:
         console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
         return EXIT_FAILURE
+
+
+async def _warn_unreachable_policies(client: ServerClient) -> None:
+    """Before the first rollout, name each model server that cannot reach its upstream (its
+    rollouts will fail, and the run will say so at the end): a warning, not a refusal, since an
+    upstream may come up while the run starts."""
+    try:
+        servers = await client.servers()
+    except ServerCallError:
+        return  # the run itself will report a stack it cannot reach
+    for problem in await upstream_problems([s for s in servers if isinstance(s, dict)]):
+        console(stderr=True).print("[yellow]warning:[/]", escape(f"{problem}: its rollouts will fail"))
 
 
 async def _collect(
@@ -565,17 +502,13 @@ async def _collect(
         _print_interrupted(files)
         return EXIT_INTERRUPTED
     _print_summary(files, summary, settings.aggregate)
-    if health is not None and (status := report_deaths(health, summary)) is not None:
-        return status
-    if summary.health.quarantined:
+    status = report_deaths(health, summary) if health is not None else None
+    if status is None and summary.health.quarantined:
         _print_quarantined(summary)
-        return EXIT_FAILURE
-    if settings.max_failures is not None and summary.failed > settings.max_failures:
-        console(stderr=True).print(
-            f"[red]error:[/] {summary.failed} rollouts failed (--max-failures {settings.max_failures})"
-        )
-        return EXIT_FAILURE
-    return 0
+        status = EXIT_FAILURE
+    sent = summary.succeeded + summary.failed
+    verdict = end_of_run(settings.max_failures, summary.failed, sent, summary.failures_by_class)
+    return status if status is not None else verdict
 
 
 def _print_quarantined(summary: RunSummary) -> None:
@@ -632,139 +565,3 @@ def _print_metrics(files: RunFiles) -> None:
 
 def _num(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, int | float) else "-"
-
-
-@eval_group.command("reverify")
-@selector_options
-@click.option(
-    "--rollouts",
-    "rollouts_path",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Rollouts JSONL of a gym eval run (read only; its _failures.jsonl is read too).",
-)
-@click.option(
-    "--output",
-    "-o",
-    "output_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Reverified rollouts JSONL [default: X_reverified.jsonl next to --rollouts X.jsonl].",
-)
-@click.option(
-    "--inputs",
-    "inputs_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="The run's materialized inputs [default: X_materialized_inputs.jsonl when it exists].",
-)
-@click.option(
-    "--failed-only",
-    "--judge-failed-only",
-    "failed_only",
-    is_flag=True,
-    help="Reverify only rows whose verification failed (failures with a response, judge_failed rows); "
-    "carry the others unchanged.",
-)
-@click.option("--resume", is_flag=True, help="Finish an interrupted reverify: only the missing rows.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing reverified output.")
-@click.option(
-    "--force", is_flag=True, help="Reverify also against servers whose reverify_mode is unsupported."
-)
-@click.option(
-    "--allow-stack-change",
-    is_flag=True,
-    help="With --resume: continue even if the policy or environments differ from the run's (recorded).",
-)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1, max=MAX_CONCURRENCY),
-    default=DEFAULT_CONCURRENCY,
-    show_default=True,
-    help="Verifications in flight.",
-)
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Reverify only the first N rows.")
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=POSITIVE_SECONDS,
-    default=DEFAULT_VERIFY_TIMEOUT_S,
-    show_default=True,
-    help="Seconds per row (seed, verify, retries).",
-)
-@click.option(
-    "--disable-aggregation", is_flag=True, help="Do not compute or write the aggregate metrics file."
-)
-@stack_options
-@click.pass_context
-def reverify_command(ctx: click.Context, **opts: Any) -> None:
-    """Recompute the rewards of stored rollouts through their environments' /verify, into new files.
-
-    \b
-    gym eval reverify --model-type scripted_model --resources-server mcqa --rollouts results/out.jsonl
-    writes results/out_reverified.jsonl (+ _failures, _aggregate_metrics) and results/out_reverify_diff.json;
-    results/out.jsonl and its files are never changed.
-    """
-    settings = ReverifySettings(
-        rollouts=opts["rollouts_path"],
-        output=opts["output_path"],
-        materialized=opts["inputs_path"],
-        failed_only=opts["failed_only"],
-        resume=opts["resume"],
-        overwrite=opts["overwrite"],
-        force=opts["force"],
-        allow_stack_change=opts["allow_stack_change"],
-        concurrency=opts["concurrency"],
-        timeout_s=opts["timeout_s"],
-        limit=opts["limit"],
-        aggregate=not opts["disable_aggregation"],
-    )
-    refuse_when_joining(ctx, opts)
-    sys.exit(run_async(_reverify(stack_target(opts), settings)))
-
-
-async def _reverify(target: StackTarget, settings: ReverifySettings) -> int:
-    try:
-        files = settings.files()
-        async with StackSession(target, settings.concurrency) as session:
-            client = await session.connect()
-            summary = await until_interrupted(reverify(client, settings))
-    except Interrupted:
-        err = console(stderr=True)
-        err.print(f"[yellow]interrupted:[/] {len(done_keys(files.output))} rows are saved in {files.output}.")
-        err.print("resume with:", escape(resume_command()))
-        return EXIT_INTERRUPTED
-    except (LaunchError, ConfigError, RunFileError) as exc:
-        console(stderr=True).print("[red]error:[/]", escape(str(exc)))
-        return EXIT_USAGE if isinstance(exc, RunFileError | ConfigError) else EXIT_FAILURE
-    except ServerCallError as exc:
-        console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
-        return EXIT_FAILURE
-    _print_diff(files, summary)
-    return 0
-
-
-def _print_diff(files: RunFiles, summary: ReverifySummary) -> None:
-    out = console()
-    table = Table(title="reverified rewards", title_justify="left")
-    table.add_column("agent")
-    for column in OUTCOMES:
-        table.add_column(column.replace("_", " "), justify="right")
-    for env in sorted(summary.diff, key=lambda env: (env == ALL_ENVS, env)):  # the roll-up last
-        table.add_row(env_label(env), *(str(summary.diff[env][name]) for name in OUTCOMES))
-    out.print(table)
-    total = summary.diff.get(ALL_ENVS, {})
-    failed = ", ".join(f"{k}: {v}" for k, v in summary.failures_by_class.items())
-    out.print(
-        f"{total.get('raised', 0) + total.get('lowered', 0)} rewards changed; {summary.verified} rows "
-        f"reverified, {summary.skipped} already done, {summary.failed} failed"
-        + (f" ({failed})" if failed else "")
-        + f". Diff: {diff_path(files.output)}. Files: {', '.join(str(p) for p in files.all())}"
-    )
-    if summary.no_response:
-        out.print(
-            f"{summary.no_response} failed rows have no response to verify; "
-            "rerun them with gym eval run --resume"
-        )
-    if summary.forced:
-        out.print(f"[yellow]warning:[/] reverified with --force against {', '.join(summary.forced)}")

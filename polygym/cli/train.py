@@ -1,8 +1,7 @@
 """``gym train``: plan and run multi-environment training.
 
-``gym train plan SPEC`` shows what every step of a blend will hold before any GPU is spent. The
-helpers below it (``load_spec_or_exit``, ``blend_stack_config``, ``run_blend``) are what
-``gym eval run --blend SPEC --steps N`` uses to collect rollouts step by step.
+``gym train plan SPEC`` shows what every step of a blend will hold before any GPU is spent
+(``gym eval run --blend SPEC --steps N`` collects those steps: ``polygym.cli.blend_run``).
 """
 
 from __future__ import annotations
@@ -16,27 +15,22 @@ import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.blend.mix import load_blend, resolve
+from polygym.blend.mix import resolve
 from polygym.blend.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
-from polygym.blend.spec import BlendSpec, BlendSpecError, load_spec
-from polygym.blend.stepwise import StepFiles, StepReport, StepSettings, environments_to_serve, run_steps
+from polygym.blend.spec import BlendSpec, BlendSpecError
 from polygym.cli.base import (
     EXIT_FAILURE,
-    EXIT_INTERRUPTED,
     EXIT_USAGE,
     SuggestingGroup,
     console,
     fail,
-    load_stack_config,
 )
-from polygym.cli.interrupt import Interrupted, until_interrupted
+from polygym.cli.blend_run import load_spec_or_exit
 from polygym.collect.dataset import DatasetError
-from polygym.collect.run_files import RunFileError
-from polygym.jsonl import count_rows, iter_jsonl
+from polygym.jsonl import count_rows
 from polygym.net.client import ServerCallError
 from polygym.stack.backend import LaunchError
-from polygym.stack.config import ConfigError, StackConfig
-from polygym.stack.session import StackSession, StackTarget
+from polygym.stack.config import ConfigError
 from polygym.training.off_policy import DEFAULT_IS_CAP
 from polygym.training.policy_serving import RETEMPLATED_MASKED_SHARE
 from polygym.training.policy_version import ON_STALE, OnStale
@@ -46,13 +40,6 @@ from polygym.training.trl_adapter import GRADIENT_SHARES, GradientShare
 @click.group(cls=SuggestingGroup)
 def train() -> None:
     """Plan and run training on a blend of environments."""
-
-
-def load_spec_or_exit(path: Path) -> BlendSpec:
-    try:
-        return load_spec(path)
-    except BlendSpecError as exc:
-        fail(str(exc), EXIT_USAGE)
 
 
 @train.command("plan")
@@ -122,97 +109,6 @@ def print_plan(result: Plan, spec: BlendSpec) -> None:
     )
     for warning in result.warnings:
         out.print(f"[yellow]warning:[/] {escape(warning)}")
-
-
-# ------------------------------------------------------------------ step-wise collection (for eval run)
-
-
-def blend_stack_config(
-    spec: BlendSpec,
-    resources_servers: tuple[str, ...] = (),
-    model_types: tuple[str, ...] = (),
-    configs: tuple[str, ...] = (),
-    overrides: tuple[str, ...] = (),
-) -> StackConfig:
-    """The stack for a blend: the spec's environments plus any selectors given, exiting on errors."""
-    names = tuple(dict.fromkeys((*environments_to_serve(spec), *resources_servers)))
-    return load_stack_config(names, model_types, configs, overrides)
-
-
-def print_step(report: StepReport) -> None:
-    """One line per finished step: shares and rewards per environment, stragglers if any."""
-    parts = []
-    for env in report.envs.values():
-        reward = f"{env.reward_mean:.3f}" if env.reward_mean is not None else "-"
-        extra = f" stragglers {env.stragglers}" if env.stragglers else ""
-        extra += f" failed {env.failures}" if env.failures else ""
-        parts.append(f"{env.env} {env.realized_share:.0%}/{env.target_share:.0%} reward {reward}{extra}")
-    flag = " [yellow](deadline)[/]" if report.timed_out else ""
-    console().print(f"step {report.step}{flag} {report.elapsed_s:.1f}s: " + escape("; ".join(parts)))
-
-
-async def run_blend(
-    spec: BlendSpec,
-    target: StackTarget,
-    output: Path,
-    settings: StepSettings,
-    overwrite: bool = False,
-    max_failures: int | None = None,
-) -> int:
-    """Collect ``settings.steps`` steps of ``spec`` on the stack ``target`` starts or joins, print
-    a line per step, and return the exit code: 2 bad input, 1 stack trouble or more than
-    ``max_failures`` failed rollouts (stragglers included), 130 Ctrl-C."""
-    err = console(stderr=True)
-    try:
-        blend = load_blend(spec)
-        blend.plan()
-    except (BlendSpecError, DatasetError, InfeasiblePlanError) as exc:
-        err.print("[red]error:[/]", escape(str(exc)))
-        return EXIT_USAGE
-    try:
-        async with StackSession(target, settings.limits.concurrency) as session:
-            session.require_agents({f"environment {env.name}": env.agent for env in blend.environments})
-            client = await session.connect()
-            reports = await until_interrupted(
-                run_steps(client, blend, output, settings, overwrite, print_step)
-            )
-    except Interrupted:
-        resume_at = next_step(output, settings.start_step)
-        err.print(
-            f"[yellow]interrupted:[/] steps {settings.start_step}..{resume_at - 1} are complete in "
-            f"{escape(str(output))}; continue with --start-step {resume_at}"
-        )
-        return EXIT_INTERRUPTED
-    except (ValueError, RunFileError, ConfigError) as exc:
-        err.print("[red]error:[/]", escape(str(exc)))
-        return EXIT_USAGE
-    except (LaunchError, ServerCallError) as exc:
-        err.print("[red]error:[/]", escape(str(exc)))
-        return EXIT_FAILURE
-    failed = _print_collected(reports, output, settings)
-    if max_failures is not None and failed > max_failures:
-        err.print(f"[red]error:[/] {failed} rollouts failed or straggled (--max-failures {max_failures})")
-        return EXIT_FAILURE
-    return 0
-
-
-def next_step(output: Path, start: int = 0) -> int:
-    """The first step not yet finished in ``output``'s steps file (``start`` when there is none)."""
-    finished = [line.get("step") for line in iter_jsonl(StepFiles(output).steps)]
-    return max([start - 1, *(s for s in finished if isinstance(s, int))]) + 1
-
-
-def _print_collected(reports: list[StepReport], output: Path, settings: StepSettings) -> int:
-    """Print the run's totals; returns the rollouts that failed or straggled."""
-    stragglers = sum(r.total.stragglers for r in reports)
-    failures = sum(r.total.failures for r in reports)
-    start, files = settings.start_step, StepFiles(output)
-    console().print(
-        f"{len(reports)} steps ({start}..{start + settings.steps - 1}) collected: "
-        f"{sum(r.total.completed for r in reports)} rollouts, {failures} failed, {stragglers} stragglers. "
-        f"Files: {', '.join(str(p) for p in files.all())}"
-    )
-    return failures + stragglers
 
 
 # ------------------------------------------------------------------------------ gym train run

@@ -91,11 +91,34 @@ class Item:
     """The stored reward; None when the row had failed."""
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """A line of the stored run that is not reverified, and why (``kind``, a failure class for the
+    unreadable ones; ``DUPLICATE`` for a key already planned, which is verified once)."""
+
+    where: str
+    kind: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.kind}" + (f" ({self.detail})" if self.detail else "")
+
+
+INVALID_UTF8 = "InvalidUTF8"
+INVALID_JSON = "BadJSON"
+NOT_AN_OBJECT = "NotAnObject"
+UNFINISHED = "UnfinishedLine"
+DUPLICATE = "Duplicate"
+
+
 @dataclass
 class ReverifyPlan:
     items: list[Item]
     no_response: int = 0
     """Failed rows without a response: nothing to verify (``gym eval run --resume`` redoes them)."""
+    dropped: list[Dropped] = field(default_factory=list)
+    """Lines not reverified: unreadable (invalid UTF-8 or JSON, not an object, an unfinished last
+    line) or a duplicate key; each is counted and named, never skipped in silence."""
 
     def fingerprint(self, failed_only: bool) -> str:
         digest = hashlib.sha256(b"failed-only" if failed_only else b"all")
@@ -125,9 +148,32 @@ def _agent(row: dict[str, Any], where: str) -> str:
     return name
 
 
-def _numbered(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    for number, row in enumerate(iter_jsonl(path), start=1):
-        yield f"{path} row {number}", row
+def _numbered(path: Path, dropped: list[Dropped]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The object lines of ``path`` as ``(file:line, row)``; every other non-blank line is added
+    to ``dropped`` with why (a stored run a user may have edited is not trusted to be clean)."""
+    if not path.exists():
+        return
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path}:{number}"
+            if not raw.strip():
+                continue
+            if not raw.endswith(b"\n"):
+                dropped.append(Dropped(where, UNFINISHED, "no newline: a write cut short"))
+                break
+            try:
+                raw.decode("utf-8")
+                row = orjson.loads(raw)
+            except UnicodeDecodeError as exc:
+                dropped.append(Dropped(where, INVALID_UTF8, str(exc)))
+                continue
+            except orjson.JSONDecodeError as exc:
+                dropped.append(Dropped(where, INVALID_JSON, str(exc)))
+                continue
+            if isinstance(row, dict):
+                yield where, row
+            else:
+                dropped.append(Dropped(where, NOT_AN_OBJECT, f"a JSON {type(row).__name__}"))
 
 
 def stored_row(failure: dict[str, Any]) -> dict[str, Any]:
@@ -144,20 +190,22 @@ def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -
     if not rollouts.is_file():
         raise ReverifyError(f"--rollouts {rollouts}: no such file")
     plan = ReverifyPlan([])
-    seen: set[tuple[int, int]] = set()
+    seen: dict[tuple[int, int], str] = {}
 
     def add(where: str, row: dict[str, Any], verify: bool, old: float | None) -> None:
         key = _key(row, where)
-        if key not in seen:
-            seen.add(key)
-            plan.items.append(Item(Job(_agent(row, where), *key, row), verify, old))
+        if key in seen:
+            plan.dropped.append(Dropped(where, DUPLICATE, f"task {key[0]} rollout {key[1]}, as {seen[key]}"))
+            return
+        seen[key] = where
+        plan.items.append(Item(Job(_agent(row, where), *key, row), verify, old))
 
-    for where, row in _numbered(rollouts):
+    for where, row in _numbered(rollouts, plan.dropped):
         if "response" not in row:
             raise ReverifyError(f"{where}: field response: missing, nothing to verify")
         failed = judge_failed(row)
         add(where, row, verify=failed or not failed_only, old=None if failed else rows.reward(row))
-    for where, failure in _numbered(RunFiles(rollouts).failures):
+    for where, failure in _numbered(RunFiles(rollouts).failures, plan.dropped):
         stored = stored_row(failure)
         if "response" not in stored:
             plan.no_response += 1
@@ -293,6 +341,13 @@ class ReverifySummary:
     failures_by_class: Counter[str] = field(default_factory=Counter)
     diff: dict[str, dict[str, int]] = field(default_factory=dict)
     forced: list[str] = field(default_factory=list)
+    dropped: list[Dropped] = field(default_factory=list)
+    """Lines of the stored run not reverified, with why (see ``ReverifyPlan.dropped``)."""
+
+    @property
+    def unreadable(self) -> Counter[str]:
+        """Lines that could not be read, by class: rows lost to the reverify, so they count as failed."""
+        return Counter(d.kind for d in self.dropped if d.kind != DUPLICATE)
 
 
 async def reverify(client: ServerClient, settings: ReverifySettings) -> ReverifySummary:
@@ -326,6 +381,7 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
             len(plan.items), len(done & {i.job.key for i in plan.items}), plan.no_response
         )
         summary.forced = forced
+        summary.dropped = plan.dropped
         written = count_rows(files.materialized) if settings.resume else 0
         with RolloutWriter(files) as writer, JsonlAppender(files.materialized) as sent:
             for item in plan.items:

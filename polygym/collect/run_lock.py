@@ -10,6 +10,10 @@ Why ``flock`` and not "create the file if absent": the kernel drops the lock whe
 ``kill -9`` included, so a crashed run never leaves a stale lock that blocks its own ``--resume``.
 The lock file is never deleted (deleting it would let a third run lock a fresh file while a
 second still holds the old one); it holds the pid of the run that holds it, for the message.
+
+The lock is opened with ``O_NOFOLLOW`` and must be a regular file: it is truncated and written,
+so a symlink planted at ``X_run.lock`` (pointing at a user's file) would otherwise have that file
+emptied; a symlink, FIFO or directory there is refused by name instead.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
+from pathlib import Path
 from types import TracebackType
 
 from polygym.collect.run_files import RunFileError, RunFiles
@@ -38,7 +44,7 @@ class RunLock:
     def __enter__(self) -> RunLock:
         path = self.files.lock
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_regular(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -63,6 +69,24 @@ class RunLock:
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
         os.close(fd)  # closing the last descriptor releases the lock
+
+
+def _open_regular(path: Path) -> int:
+    """The lock file opened read-write (created if absent), never through a symlink and never
+    anything but a regular file (a FIFO would block the open: ``O_NONBLOCK`` until checked)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if path.is_symlink():
+            raise RunFileError(
+                f"{path}: is a symlink; the run lock must be a regular file (remove it)"
+            ) from None
+        raise RunFileError(f"{path}: cannot open the run lock: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunFileError(f"{path}: is not a regular file; the run lock must be one")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def _read_pid(fd: int) -> int | None:

@@ -113,6 +113,21 @@ class Reply:
                 failure.BAD_JSON,
             ) from None
 
+    def json_object(self) -> dict[str, Any]:
+        """The parsed body, which must be a JSON object: an empty body, a list or a scalar where an
+        object was promised (a model's Response, say) is a ``BadJSON`` ServerCallError naming what
+        came, not an ``AttributeError`` in whoever reads a field of it."""
+        value = self.json()
+        if isinstance(value, dict):
+            return value
+        what = "an empty body" if not self.body else f"JSON {type(value).__name__}, not an object"
+        raise ServerCallError(
+            self.source or "reply",
+            f"reply is {what}; it starts {self.body[:200]!r}",
+            self.status,
+            failure.BAD_JSON,
+        )
+
     @property
     def error_class(self) -> str:
         """The class of this reply as a failure: the callee's own when it sent one."""

@@ -101,7 +101,7 @@ class Agent(BaseServer[AgentConfigT]):
                 cookies=cookies,
                 timeout_s=self.config.verify_timeout_s,
             )
-            return reply.json()
+            return reply.json_object()
         finally:
             await self.end_session(cookies)
 
@@ -134,7 +134,7 @@ class Agent(BaseServer[AgentConfigT]):
             cookies=cookies,
             timeout_s=self.config.model_timeout_s,
         )
-        return reply.json()
+        return reply.json_object()
 
     def routes(self) -> list[Route]:
         return [

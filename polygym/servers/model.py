@@ -8,12 +8,22 @@ request is checked and converted to a Responses request (``polygym.dialects.mess
 the server's ``responses``, and the Response converted back — as one JSON message, or as
 Anthropic's server-sent events when the client asks for ``stream``. Its errors, whatever raised
 them, come back in Anthropic's error shape so Anthropic clients read them.
+
+A model server that forwards to an upstream API names the URLs to probe (``upstream_probes``); its
+``GET /`` asks each one (``GET {base_url}/models``, once, no retry) and says what it found, the URL's
+password masked. ``gym env start`` asks every model server as soon as the stack is up, for its
+``ready:`` line, ``gym eval run`` before its first rollout (a warning), and ``gym env status``
+again, so none calls a policy nobody can reach ``ok``. The probe is not sent from the server's
+own start-up: an upstream that a trainer or a test scripts call by call would receive a request
+nobody asked for. Servers with nothing upstream (scripted, local) probe nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import orjson
@@ -26,7 +36,7 @@ from polygym.dialects import messages as messages_dialect
 from polygym.net import budget, failure
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
 from polygym.net.client import Reply, ServerCallError, ServerClient, error_detail
-from polygym.net.retry import RetryPolicy
+from polygym.net.retry import NO_RETRY, RetryPolicy
 from polygym.protocol import MODEL_KIND, complete_response
 from polygym.redact import redact_text
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, json_endpoint, json_response
@@ -87,6 +97,42 @@ def upstream_failure(exc: ServerCallError, url: str, policy: RetryPolicy) -> HTT
     )
 
 
+UPSTREAM_PROBE_TIMEOUT_S = 3.0
+"""Seconds a start-up or ``GET /`` probe waits for an upstream: enough for a distant API's models
+route, short enough that ``gym env status`` answers at once."""
+UPSTREAM_PROBE = "upstream_probe"
+"""Key of ``GET /``'s answer listing what each upstream probe found (absent: nothing to probe)."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One upstream route to ask at start and on ``GET /``: its URL and the headers it needs."""
+
+    url: str
+    headers: dict[str, str]
+
+
+async def probe_upstream(client: ServerClient, probe: Probe) -> dict[str, Any]:
+    """Ask one upstream route once; what it found, safe to show (the URL's password masked).
+
+    ``reachable`` is false when no HTTP answer came (refused, reset, timed out, no such host);
+    ``ok`` also needs the answer not to be a refusal of the key (401, 403) or a server error. A
+    404 or 405 is ``ok``: the upstream answers, it just serves no models list.
+    """
+    shown = redact_text(probe.url)
+    try:
+        reply = await client.request_url(
+            "GET", probe.url, headers=probe.headers, timeout_s=UPSTREAM_PROBE_TIMEOUT_S, retry=NO_RETRY
+        )
+    except ServerCallError as exc:
+        return {"url": shown, "reachable": False, "ok": False, "error": f"unreachable ({exc.error_class})"}
+    except Exception as exc:  # a probe says what went wrong; it never fails GET /
+        return {"url": shown, "reachable": False, "ok": False, "error": f"not asked ({type(exc).__name__})"}
+    ok = reply.status < 400 or reply.status in (404, 405)
+    found = {"url": shown, "reachable": True, "ok": ok, "status": reply.status}
+    return found if ok else {**found, "error": f"HTTP {reply.status}"}
+
+
 def relay(reply: Reply) -> Response:
     """An upstream reply passed on unchanged; an error status is marked final with its class."""
     headers = None
@@ -107,6 +153,21 @@ class ModelServer(BaseServer[ModelConfigT]):
     @property
     def model_name(self) -> str:
         return str(getattr(self.config, "model", None) or self.name)
+
+    def upstream_probes(self) -> list[Probe]:
+        """The upstream routes to probe (none by default: a model with nothing upstream)."""
+        return []
+
+    async def probe_upstreams(self) -> list[dict[str, Any]] | None:
+        """What each upstream probe found; None when the server has nothing upstream."""
+        probes = self.upstream_probes()
+        if not probes:
+            return None
+        return list(await asyncio.gather(*(probe_upstream(self.client, p) for p in probes)))
+
+    async def health(self) -> dict[str, Any]:
+        found = await self.probe_upstreams()
+        return {**await super().health(), **({UPSTREAM_PROBE: found} if found is not None else {})}
 
     @staticmethod
     def session_id() -> str | None:

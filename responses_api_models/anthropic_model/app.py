@@ -29,7 +29,7 @@ from pydantic import Field
 from starlette.responses import Response
 
 from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig
-from polygym.models import TRANSIENT_STATUSES, failure, redact_text, relay, upstream_failure
+from polygym.models import TRANSIENT_STATUSES, Probe, failure, redact_text, relay, upstream_failure
 from polygym.models import chat as chat_convert
 from polygym.models import messages as messages_convert
 
@@ -71,6 +71,10 @@ class AnthropicModel(ModelServer[Config]):
 
     async def shutdown(self) -> None:
         await self.upstream.close()
+
+    def upstream_probes(self) -> list[Probe]:
+        """Anthropic's models route, next to its messages route."""
+        return [Probe(self.url.removesuffix("/messages") + "/models", self.headers)]
 
     async def health(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,8 @@ Choices, and why:
   over ``max_response_bytes`` is a 502 ``ResponseTooLarge``.
 - Upstream calls use their own connection pool (closed at shutdown); unless ``pool_size`` is set it
   is as large as the stack's, so it never caps the collector's concurrency.
+- Its ``GET /`` asks ``{openai_base_url}/models`` once (no retry) and says when the upstream
+  cannot be reached (``gym env start``'s ``ready:`` line, ``gym env status``).
 - Streaming is refused with a clear 400: rollouts need whole responses, and a half-forwarded stream
   could not be retried.
 """
@@ -28,7 +30,7 @@ from typing import Any
 from starlette.responses import Response
 
 from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig
-from polygym.models import relay, upstream_failure
+from polygym.models import Probe, redact_text, relay, upstream_failure
 
 
 class Config(UpstreamConfig):
@@ -53,8 +55,22 @@ class OpenAIModel(ModelServer[Config]):
     async def shutdown(self) -> None:
         await self.upstream.close()
 
+    def upstream_probes(self) -> list[Probe]:
+        """The models route: every OpenAI-compatible API serves it, and asking it costs nothing."""
+        return [Probe(self.base_url + "/models", self._headers())]
+
     async def health(self) -> dict[str, Any]:
-        return {**await super().health(), "upstream": self.base_url, "model": self.config.openai_model}
+        return {
+            **await super().health(),
+            "upstream": redact_text(self.base_url),
+            "model": self.config.openai_model,
+        }
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"accept": "application/json"}
+        if self.config.openai_api_key:
+            headers["authorization"] = f"Bearer {self.config.openai_api_key}"
+        return headers
 
     async def responses(self, body: dict[str, Any]) -> Response:
         return await self.forward("/responses", body)
@@ -69,9 +85,7 @@ class OpenAIModel(ModelServer[Config]):
                 400, "stream=true is not supported by openai_model; send stream=false", "invalid_request"
             )
         url = self.base_url + path
-        headers = {"accept": "application/json"}
-        if self.config.openai_api_key:
-            headers["authorization"] = f"Bearer {self.config.openai_api_key}"
+        headers = self._headers()
         payload = {**body, "model": self.config.openai_model}
         try:
             reply = await self.upstream.request_url(

@@ -59,6 +59,7 @@ from polygym import (
 from polygym.models import (
     PREFIX_FIELD,
     PROMPT_CONTINUATION_FIELD,
+    Probe,
     Reply,
     budget,
     failure,
@@ -312,6 +313,10 @@ class VLLMModel(ModelServer[Config]):
 
     async def shutdown(self) -> None:
         await self.upstream.close()
+
+    def upstream_probes(self) -> list[Probe]:
+        """Every upstream's models route (vLLM serves ``/v1/models``), so one dead replica shows."""
+        return [Probe(url.rstrip("/") + "/models", self.headers) for url in self.config.base_url]
 
     async def health(self) -> dict[str, Any]:
         return {**await super().health(), "model": self.config.model, "upstreams": self.pool.status()}

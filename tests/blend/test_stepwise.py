@@ -14,7 +14,7 @@ import pytest
 from polygym.blend.mix import load_blend
 from polygym.blend.spec import BlendSpec, parse_spec
 from polygym.blend.stepwise import STRAGGLER, StepFiles, StepSettings, run_steps
-from polygym.cli.train import next_step, run_blend
+from polygym.cli.blend_run import next_step, run_blend
 from polygym.collect.rollouts import Limits
 from polygym.collect.run_files import RunFileError
 from polygym.collect.run_lock import OutputBusyError, RunLock

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from polygym.collect.reverify import (
@@ -103,8 +104,34 @@ def test_failed_only_takes_judge_failed_rows_and_failures_with_a_response(tmp_pa
 )
 def test_bad_rows_are_named_by_file_and_row(tmp_path: Path, row: dict[str, Any], message: str) -> None:
     write_jsonl([rollout(5), row], tmp_path / "x.jsonl")
-    with pytest.raises(ReverifyError, match=rf"x.jsonl row 2: .*{message}"):
+    with pytest.raises(ReverifyError, match=rf"x.jsonl:2: .*{message}"):
         plan_reverify(tmp_path / "x.jsonl", failed_only=False)
+
+
+def test_unreadable_and_duplicate_lines_are_counted_and_named(tmp_path: Path) -> None:
+    """Nothing is skipped in silence: each line not reverified is named by file:line with why."""
+    path = tmp_path / "x.jsonl"
+    good = orjson.dumps(rollout(0)) + b"\n"
+    path.write_bytes(
+        good
+        + b"{not json\n"
+        + b'{"a": "\xff"}\n'
+        + b"[1, 2]\n"
+        + good
+        + orjson.dumps(rollout(1))
+        + b"\n"
+        + b'{"cut'
+    )
+    plan = plan_reverify(path, failed_only=False)
+    assert [i.job.key for i in plan.items] == [(0, 0), (1, 0)]
+    assert [(d.where, d.kind) for d in plan.dropped] == [
+        (f"{path}:2", "BadJSON"),
+        (f"{path}:3", "InvalidUTF8"),
+        (f"{path}:4", "NotAnObject"),
+        (f"{path}:5", "Duplicate"),
+        (f"{path}:7", "UnfinishedLine"),
+    ]
+    assert str(plan.dropped[3]) == f"{path}:5: Duplicate (task 0 rollout 0, as {path}:1)"
 
 
 def test_missing_rollouts_file_is_named(tmp_path: Path) -> None:

@@ -151,3 +151,13 @@ async def test_results_carry_the_rows_collector_fields_whatever_the_agent_answer
         assert (result["_ng_rollout_id"], result["_ng_attempt_index"]) == ("r-7", 2)
         assert result["agent_ref"]["name"] == "agent"
     assert "responses_create_params" not in rollout
+
+
+def test_a_failure_carries_its_attempt_and_no_reward() -> None:
+    """A typed failure is a record of its own (class, message, attempt), never a reward-0 rollout."""
+    retried = make_job(
+        {"responses_create_params": {"input": "hi"}, "_ng_attempt_index": 2}, "env_agent", 3, 1
+    )
+    record = failure_record(retried, "ConnectionRefused", "cannot reach upstream", 0.1)
+    assert record["_ng_attempt_index"] == 2 and record["error_class"] == "ConnectionRefused"
+    assert "reward" not in record and "response" not in record

@@ -168,7 +168,7 @@ def test_verifier_exception_becomes_a_recorded_failure(tmp_path: Path) -> None:
         "--input",
         "in.jsonl",
     ]
-    result = run_gym(*args, "--output", "out.jsonl", cwd=tmp_path)
+    result = run_gym(*args, "--output", "out.jsonl", "--max-failures", "2", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     files = RunFiles(tmp_path / "out.jsonl")
     assert sorted(row_keys(files.output)) == [(0, 0), (2, 0)]
@@ -181,7 +181,7 @@ def test_verifier_exception_becomes_a_recorded_failure(tmp_path: Path) -> None:
         assert failure["row"]["explode"] is True
     assert "2 failed" in result.stdout
     strict = run_gym(*args, "--output", "strict.jsonl", "--max-failures", "1", cwd=tmp_path)
-    assert strict.returncode == 1 and "2 rollouts failed" in strict.stderr
+    assert strict.returncode == 1 and "2 of 4 rollouts failed (HTTP 500: 2)" in strict.stderr
 
 
 async def test_server_killed_mid_run_then_resume_after_restart(tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ def run(tmp_path: Path, judge_answer: str, *extra: str) -> subprocess.CompletedP
 def test_judge_failures_are_failures_and_resume_redoes_them(tmp_path: Path) -> None:
     files = RunFiles(tmp_path / "out.jsonl")
     first = run(tmp_path, "I cannot decide.")
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == 1, first.stderr  # every rollout failed: the run says so
+    assert "5 of 5 rollouts failed (judge_failed: 5)" in first.stderr.strip().splitlines()[-1]
     failures = list(iter_jsonl(files.failures))
     assert [f["error_class"] for f in failures] == [JUDGE_FAILED] * 5
     assert "no readable verdict in 2 attempt(s)" in failures[0]["error"]

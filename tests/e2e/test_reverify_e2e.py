@@ -146,7 +146,8 @@ def test_judge_failures_of_a_reverify_are_recorded_and_failed_only_fixes_them(tm
     first = judged(tmp_path, "VERDICT: CORRECT", "run", "--input", str(JUDGE_DATA), "--output", "out.jsonl")
     assert first.returncode == 0, first.stderr
     down = judged(tmp_path, "I cannot decide.", "reverify", "--rollouts", "out.jsonl")
-    assert down.returncode == 0, down.stderr  # failures are recorded, never an abort
+    assert down.returncode == 1, down.stderr  # failures are recorded, never an abort, and said
+    assert "5 of 5 rows failed (judge_failed: 5)" in down.stderr.strip().splitlines()[-1]
     new = RunFiles(tmp_path / "out_reverified.jsonl")
     failures = list(iter_jsonl(new.failures))
     assert [f["error_class"] for f in failures] == [JUDGE_FAILED] * 5

@@ -1,0 +1,87 @@
+"""What the commands that run rollouts share: choosing the stack (start one or join one), the
+resume hint they print, and the option types they parse."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from polygym.blend.spec import BlendSpec
+from polygym.cli.base import EXIT_USAGE, fail, load_stack_config
+from polygym.cli.blend_run import blend_stack_config
+from polygym.cli.placement_options import placement_options, replica_counts
+from polygym.redact import redact_argv
+from polygym.stack import records as stacks
+from polygym.stack.config import ConfigError
+from polygym.stack.launcher import BACKENDS
+from polygym.stack.placement import parse_workers
+from polygym.stack.session import StackTarget
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def discover_head(head_url: str | None) -> str:
+    """The head server to use with --no-serve: explicit, from the environment, or the one stack."""
+    url = head_url or os.environ.get("POLYGYM_HEAD_URL")
+    if url:
+        return url
+    running = stacks.list_stacks()
+    if not running:
+        fail(
+            "--no-serve: no running stack found; start one with `gym env start ...` or pass --head-url",
+            EXIT_USAGE,
+        )
+    if len(running) > 1:
+        heads = ", ".join(r["head_url"] for r in running)
+        fail(f"--no-serve: {len(running)} stacks are running ({heads}); pick one with --head-url", EXIT_USAGE)
+    return running[0]["head_url"]
+
+
+MASKED_NOTE = "(secret values masked: pass them again)"
+
+
+def stack_options(func: F) -> F:
+    """The options choosing the stack a command runs against (``stack_target`` reads them): start one
+    (``--backend`` and the placement options) or join a running one (``--no-serve``, ``--head-url``)."""
+    func = placement_options(func)
+    func = click.option(
+        "--backend", type=click.Choice(sorted(BACKENDS)), default="inline", show_default=True
+    )(func)
+    func = click.option(
+        "--head-url", default=None, help="Head server of the running stack (with --no-serve)."
+    )(func)
+    return click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")(func)
+
+
+def resume_command(argv: Sequence[str] | None = None) -> str:
+    """The command that finishes this run, safe to print: secret option values are masked, and the
+    hint says so, since a masked value must be typed again for the command to work."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--resume", "--overwrite")]
+    shown = redact_argv(words)
+    command = shlex.join(["gym", *shown, "--resume"])
+    return f"{command} {MASKED_NOTE}" if shown != words else command
+
+
+POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
+"""Seconds that must be more than zero: a zero timeout cannot be honoured, and must not mean a default."""
+
+
+def stack_target(opts: dict[str, Any], spec: BlendSpec | None = None) -> StackTarget:
+    """The running stack (``--no-serve``) or the one to start from the selectors (and ``spec``)."""
+    if opts["no_serve"]:
+        return StackTarget(head_url=discover_head(opts["head_url"]))
+    selectors = (opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"])
+    config = load_stack_config(*selectors) if spec is None else blend_stack_config(spec, *selectors)
+    try:
+        replicas = replica_counts(opts["replicas"], config)
+        workers = parse_workers(opts["workers"])
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+    return StackTarget(
+        config, backend=opts["backend"], ray_address=opts["ray_address"], replicas=replicas, workers=workers
+    )
