@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote
 
 import jsonschema
+import orjson
 from jsonschema import validators
 from jsonschema.exceptions import best_match
 from jsonschema.protocols import Validator
@@ -130,7 +132,26 @@ def validation_errors(value: Any, schema: Any) -> list[str]:
 
 
 def _checked_validator(schema: Any) -> tuple[Validator | None, str]:
-    """A validator for ``schema``, or None and its first problem (validating with it would raise)."""
+    """A validator for ``schema``, or None and its first problem (validating with it would raise).
+
+    Checking a schema against its meta-schema costs ~100x validating a small value with it, and a
+    run validates every tool call of every rollout against the few schemas its rows offer
+    (``polygym.collect.health``): so the checked validator is kept per schema, keyed by its
+    canonical JSON, in a bounded cache.
+    """
+    try:
+        text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # not JSON (a Python object): checked every time, as it cannot be a key
+        return _check_schema(schema)
+    return _cached_validator(text)
+
+
+@lru_cache(maxsize=256)
+def _cached_validator(text: bytes) -> tuple[Validator | None, str]:
+    return _check_schema(orjson.loads(text))
+
+
+def _check_schema(schema: Any) -> tuple[Validator | None, str]:
     problems = schema_problems(schema, where="schema")
     return (None, problems[0]) if problems else (_validator_class(schema)(schema), "")
 
