@@ -5,12 +5,17 @@ index, never a path, so the files ``polygym.view.runs.discover`` found are all t
 static files are a fixed list from the package. Only GET and HEAD are answered; a query string
 over 4 KB is refused. Every page carries a Content-Security-Policy that allows scripts from this
 server only (no inline script, no eval), ``nosniff`` and ``frame-ancestors 'none'``, so even a
-rendering bug could not run a rollout's ``<script>``. Each request first reads what the runs'
-files gained since the last one (``RunIndex.refresh``): a run still being written shows its new rows.
+rendering bug could not run a rollout's ``<script>``.
+
+Pages never compute on the event loop: the runs are read and every page's numbers computed on the
+viewer's worker thread (``polygym.view.work``). A page whose numbers take longer than ``WAIT_S``
+shows what the worker is doing instead (``waiting.html``), and reloads when they are ready; a run
+still being written is read again on each request, so its pages show its new rows.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from importlib.resources import files
 from pathlib import Path
@@ -28,8 +33,11 @@ from polygym.row import ALL_ENVS, env_label
 from polygym.view import charts, pages
 from polygym.view.index import RunIndex
 from polygym.view.query import QueryError
+from polygym.view.work import Worker
 
 MAX_QUERY_BYTES = 4096
+WAIT_S = 1.0
+"""How long a page waits for its numbers before it shows progress instead."""
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -77,20 +85,23 @@ def templates() -> Environment:
 
 
 class ViewerState:
-    """The runs' indexes, each brought up to date with its files before a page uses it."""
+    """The runs' indexes and the worker that reads them and computes the pages' numbers."""
 
     def __init__(self, indexes: list[RunIndex]) -> None:
         self.indexes = indexes
+        self.worker = Worker(indexes)
+        for number in range(len(indexes)):
+            self.worker.refresh(number)
 
     def run(self, number: int) -> RunIndex:
         if not 0 <= number < len(self.indexes):
             raise LookupError(f"no run {number}")
-        self.indexes[number].refresh()
+        self.worker.refresh(number)
         return self.indexes[number]
 
     def live(self, index: RunIndex) -> bool:
         """A run is taken as still being written until its metrics file exists."""
-        return not index.source.metrics.is_file()
+        return not index.source.metrics.is_file() or not index.loaded
 
 
 def guard(app: ASGI) -> ASGI:
@@ -126,9 +137,31 @@ def guard(app: ASGI) -> ASGI:
     return guarded
 
 
-def create_app(indexes: list[RunIndex]) -> ASGI:
+def create_app(indexes: list[RunIndex], wait_s: float = WAIT_S) -> ASGI:
     state = ViewerState(indexes)
     jinja = templates()
+
+    async def numbers(key: str, runs: list[int], what: str, compute: Callable[[], Any]) -> Any:
+        """The page's numbers, waiting ``wait_s`` at most; None: show progress instead."""
+        answer = state.worker.ask(key, runs, what, compute)
+        future = state.worker.future(key)
+        if answer.value is None and future is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), wait_s)
+            except TimeoutError:
+                return None
+            answer = state.worker.ask(key, runs, what, compute)
+        return answer.value
+
+    def waiting(request: Request, key: str, runs: list[int], title: str) -> Response:
+        return render(
+            request,
+            "waiting.html",
+            title=title,
+            key=key,
+            runs_waited=",".join(map(str, runs)),
+            progress=state.worker.progress(runs),
+        )
 
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         runs = [(i, x.source) for i, x in enumerate(state.indexes)]
@@ -150,7 +183,11 @@ def create_app(indexes: list[RunIndex]) -> ASGI:
 
     async def overview(request: Request) -> Response:
         ctx = run_context(request.path_params["run"])
-        return render(request, "overview.html", **ctx, **pages.overview(ctx["index"]))
+        key = f"overview/{ctx['run']}"
+        view = await numbers(key, [ctx["run"]], "computing the overview", lambda: pages.overview(ctx["index"]))
+        if view is None:
+            return waiting(request, key, [ctx["run"]], f"{ctx['source'].name} · overview")
+        return render(request, "overview.html", **ctx, **view)
 
     async def steps(request: Request) -> Response:
         ctx = run_context(request.path_params["run"])
@@ -179,7 +216,12 @@ def create_app(indexes: list[RunIndex]) -> ASGI:
 
     async def compare(request: Request) -> Response:
         base, new, a, b = pair(request)
-        return render(request, "compare.html", base=a, new=b, **pages.comparison(base, new))
+        key = f"compare/{a}/{b}"
+        what = "comparing (paired bootstrap over tasks)"
+        view = await numbers(key, [a, b], what, lambda: pages.comparison(base, new))
+        if view is None:
+            return waiting(request, key, [a, b], "compare")
+        return render(request, "compare.html", base=a, new=b, **view)
 
     async def compare_task(request: Request) -> Response:
         base, new, a, b = pair(request)
@@ -193,6 +235,13 @@ def create_app(indexes: list[RunIndex]) -> ASGI:
     async def count(request: Request) -> Response:
         index = state.run(request.path_params["run"])
         return JSONResponse({"rows": len(index), "live": state.live(index)})
+
+    async def progress(request: Request) -> Response:
+        """For a waiting page: how far the worker has got, and whether the page can be shown."""
+        runs = [int(r) for r in request.query_params.get("runs", "").split(",") if r.isdigit() and len(r) < 6]
+        runs = [r for r in runs if r < len(state.indexes)]
+        key = request.query_params.get("page", "")[:64]
+        return JSONResponse({"ready": state.worker.ready(key), **state.worker.progress(runs)})
 
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
@@ -212,6 +261,7 @@ def create_app(indexes: list[RunIndex]) -> ASGI:
         Route("/run/{run:int}/rollouts", rollouts),
         Route("/run/{run:int}/rollouts/{row:int}", rollout),
         Route("/run/{run:int}/count.json", count),
+        Route("/progress.json", progress),
         Route("/compare/{base:int}/{new:int}", compare),
         Route("/compare/{base:int}/{new:int}/task/{key}", compare_task),
         Route("/static/{name}", static),

@@ -35,7 +35,7 @@ class JsonlTail:
         """Lines skipped for being longer than ``max_line``."""
         self._skipping = False
 
-    def _size(self) -> int:
+    def size(self) -> int:
         try:
             return self.path.stat().st_size
         except FileNotFoundError:
@@ -43,7 +43,7 @@ class JsonlTail:
 
     def read_new(self) -> Iterator[Line]:
         """Yield every complete line after the last one read (blank lines are passed over)."""
-        size = self._size()
+        size = self.size()
         if size < self.offset:
             self.offset, self._skipping = 0, False
             self.generation += 1
