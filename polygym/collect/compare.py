@@ -9,10 +9,10 @@ both runs ran are paired by their identity (``task_identity``: ``_ng_task_index`
 metrics file groups them) and a seeded paired bootstrap gives the interval (Welch's t interval when
 the runs share no task; ``polygym.collect.statistics``). With only the metrics file there is no
 per-task value, so the delta is a point estimate and says so. A base or new value computed from
-rollouts is the **mean over tasks** of each task's value, like the metrics file's ``pass@k``; for
-``mean/reward`` it equals the metrics file's mean over rollouts whenever every task has as many
-scored rollouts (a run without failures). Rollouts a verifier masked (``mask_sample``) are left
-out, as the metrics file leaves them out. ``gym view`` compares with this module too
+rollouts is the metrics file's: ``mean/reward`` the mean over scored rollouts, ``pass@k`` the mean
+over tasks (``run_value``); a delta is always the mean over paired tasks of each task's change
+(the same thing when every task has as many rollouts). Rollouts a verifier masked
+(``mask_sample``) are left out, as the metrics file leaves them out. ``gym view`` compares with this module too
 (``compare_runs`` on the runs it indexed), so its numbers are these.
 
 **Regression** (``threshold`` absolute, default 0.02): a judged metric regressed when its whole
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -53,7 +54,8 @@ from polygym.jsonl import iter_jsonl
 from polygym.row import ALL_ENVS, PASS_THRESHOLD, TASK_INDEX, env_label, reward
 
 METRICS_SUFFIX = "_aggregate_metrics.json"
-DEFAULT_METRICS = ("mean/reward", "pass@*", "majority@*")
+REWARD = "mean/reward"
+DEFAULT_METRICS = (REWARD, "pass@*", "majority@*")
 DEFAULT_THRESHOLD = 0.02
 NOT_JUDGED = ("num_*", "std/*", "min/*", "max/*", "median/*", "latency/*", "*usage/*", "*tokens*")
 
@@ -286,13 +288,22 @@ def task_values(tasks: Tasks) -> dict[str, dict[TaskId, float]]:
     return dict(out)
 
 
+def run_value(metric: str, tasks: Tasks, values: dict[TaskId, float]) -> float:
+    """One run's value of a per-task metric, as its metrics file has it: ``mean/reward`` over the
+    scored rollouts (a task with more rollouts weighs more: identical input rows share a task),
+    the others (``pass@k``...) over tasks."""
+    if metric == REWARD:
+        return math.fsum(math.fsum(r) for r in tasks.values()) / sum(map(len, tasks.values()))
+    return statistics.fmean(values.values())
+
+
 def task_summary(tasks: Tasks) -> dict[str, float]:
-    """One environment's numbers from its tasks, each the **mean over tasks** of the per-task value
-    (``task_values``), as ``compare`` shows them: ``mean/reward``, ``pass@1[avg-of-k]`` and the
-    ``pass@k`` every task has (the metrics file's rule), with ``num_tasks`` and ``num_rollouts``."""
+    """One environment's numbers from its tasks as its metrics file has them (``run_value``):
+    ``mean/reward``, ``pass@1[avg-of-k]`` and the ``pass@k`` every task has, with ``num_tasks``
+    and ``num_rollouts``."""
     values = task_values(tasks)
     out = {"num_tasks": float(len(tasks)), "num_rollouts": float(sum(map(len, tasks.values())))}
-    out.update({m: statistics.fmean(v.values()) for m, v in values.items() if len(v) == len(tasks)})
+    out.update({m: run_value(m, tasks, v) for m, v in values.items() if len(v) == len(tasks)})
     return out
 
 
@@ -353,7 +364,8 @@ def _env_comparison(env: str, base: EnvRun | None, new: EnvRun | None, cfg: Sett
     for metric in _selected(set(base.metrics) | set(new.metrics) | set(bv) | set(nv), cfg.patterns):
         if metric in bv and metric in nv:
             est = stats.delta(bv[metric], nv[metric], cfg.confidence, cfg.resampler, env)
-            b, n = statistics.fmean(bv[metric].values()), statistics.fmean(nv[metric].values())
+            b = run_value(metric, base.tasks or {}, bv[metric])
+            n = run_value(metric, new.tasks or {}, nv[metric])
         else:
             b, n = base.metrics.get(metric), new.metrics.get(metric)
             point = n - b if b is not None and n is not None else None
@@ -393,8 +405,8 @@ def _rollup(base: dict[str, EnvRun], new: dict[str, EnvRun], envs: list[str], cf
             strata[e] = [nv[k] - bv[k] for k in bv if k in nv]  # delta()'s order: the same draws
         if paired and all(strata.values()):
             est = stats.paired_bootstrap(strata, cfg.confidence, cfg.resampler)
-            b = statistics.fmean(statistics.fmean(values[e][0][metric].values()) for e in envs)
-            n = statistics.fmean(statistics.fmean(values[e][1][metric].values()) for e in envs)
+            b = statistics.fmean(run_value(metric, base[e].tasks or {}, values[e][0][metric]) for e in envs)
+            n = statistics.fmean(run_value(metric, new[e].tasks or {}, values[e][1][metric]) for e in envs)
         else:
             est = stats.Estimate(n - b, None, None, 0)
         deltas.append(_metric_delta(metric, b, n, est, cfg))

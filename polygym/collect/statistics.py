@@ -82,6 +82,30 @@ def mean_interval(values: Sequence[float], confidence: float = DEFAULT_CONFIDENC
     return Estimate(mean, max(min(values), mean - half), min(max(values), mean + half), len(values), NORMAL)
 
 
+def rollout_mean_interval(
+    tasks: Sequence[Sequence[float]], confidence: float = DEFAULT_CONFIDENCE
+) -> Estimate:
+    """The mean over all rollouts of the tasks' rewards (the metrics file's ``mean/reward``), with
+    an interval over tasks: the rollouts of one task are correlated, so the task is the unit
+    (the ratio estimator's normal interval, sum over tasks of ``(sum_t - mean * n_t)^2``). With as
+    many rollouts per task this is ``mean_interval`` of the task means exactly."""
+    _check_confidence(confidence)
+    found = [t for t in tasks if t]
+    if not found:
+        return NOTHING
+    sums, counts = [math.fsum(t) for t in found], [len(t) for t in found]
+    mean = math.fsum(sums) / sum(counts)
+    if len(found) < 2:
+        return Estimate(mean, None, None, 1)
+    per_task = sum(counts) / len(found)
+    residual = math.fsum((s - mean * n) ** 2 for s, n in zip(sums, counts, strict=True))
+    half = statistics.NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(
+        residual / (len(found) * (len(found) - 1))
+    ) / per_task
+    means = [s / n for s, n in zip(sums, counts, strict=True)]
+    return Estimate(mean, max(min(means), mean - half), min(max(means), mean + half), len(found), NORMAL)
+
+
 class Resampler:
     """Bootstrap draws of task positions, one seeded stream per stratum and size.
 

@@ -9,9 +9,9 @@ a page shows what the metrics file and ``gym eval compare`` say on the same file
 
 What each aggregate averages is part of its name on the page:
 
-* an environment's **mean reward** and **pass@k** are means **over its tasks** (each task's value
-  over its repeats first; for ``mean/reward`` this is the metrics file's mean over rollouts when
-  every task has as many scored rollouts); the interval is a normal one over the task values;
+* an environment's **mean reward** is the mean over its scored rollouts, with an interval over
+  tasks (``rollout_mean_interval``: a task's repeats are correlated); its **pass@k** are means
+  **over its tasks** (each task's estimate from its repeats), as in the metrics file;
 * the **(all)** row's reward and pass@k are the **mean of the environments' values**, each
   environment counting once (``gym eval compare``'s roll-up), with a stratified normal interval;
   its counts are sums and its tokens and turns means over all scored rollouts.
@@ -25,13 +25,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from polygym.collect import statistics as stats
-from polygym.collect.compare import EnvRun, Tasks, TaskId, compare_runs, task_summary
-from polygym.collect.compare import Comparison as Comparison
-from polygym.collect.statistics import Estimate, mean_interval
+from polygym.collect.compare import REWARD, Comparison, EnvRun, TaskId, Tasks, compare_runs, task_summary
+from polygym.collect.statistics import Estimate
 from polygym.row import ALL_ENVS
 from polygym.view.index import RunIndex
 
-REWARD = "mean/reward"
+__all__ = ["REWARD", "Comparison", "EnvSummary", "Flip"]
 
 
 def env_tasks(index: RunIndex) -> dict[str, Tasks]:
@@ -67,10 +66,6 @@ class EnvSummary:
     percentiles of several environments cannot be combined, so the roll-up has none)."""
 
 
-def _task_means(tasks: Tasks) -> list[float]:
-    return [statistics.fmean(rewards) for rewards in tasks.values()]
-
-
 def _usage(index: RunIndex, rows: list[int]) -> tuple[float | None, int, float | None]:
     ok = [i for i in rows if not index.failed[i]]
     tokens = [index.tokens[i] for i in ok]
@@ -92,7 +87,7 @@ def summarize(
     failed = [i for i in rows if index.failed[i]]
     summary = task_summary(tasks) if tasks else {}
     tokens_mean, tokens_total, turns_mean = _usage(index, rows)
-    interval = mean_interval(_task_means(tasks)) if tasks else stats.NOTHING
+    interval = stats.rollout_mean_interval(list(tasks.values()))
     return EnvSummary(
         env=env,
         rollouts=sum(len(r) for r in tasks.values()),
