@@ -37,6 +37,7 @@ A rollouts file without a metrics file is aggregated on the fly.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import math
 import statistics
@@ -164,6 +165,13 @@ class EnvRun:
     metrics: dict[str, float]
     tasks: Tasks | None
     """None when the run's rollouts file is absent."""
+    _values: dict[str, dict[TaskId, float]] | None = field(default=None, repr=False)
+
+    def values(self) -> dict[str, dict[TaskId, float]]:
+        """``task_values`` of the run's tasks, computed once (every metric and the roll-up use them)."""
+        if self._values is None:
+            self._values = task_values(self.tasks) if self.tasks is not None else {}
+        return self._values
 
 
 def _metrics_files(path: Path) -> list[Path]:
@@ -279,13 +287,20 @@ def task_values(tasks: Tasks) -> dict[str, dict[TaskId, float]]:
     """``metric -> task -> value`` for the metrics that exist per task, named as in the metrics file
     (pass@k only for tasks with at least k rollouts)."""
     out: dict[str, dict[TaskId, float]] = defaultdict(dict)
+    reward, average = out[REWARD], out["pass@1[avg-of-k]"]
     for task, rewards in tasks.items():
         n, c = len(rewards), sum(r >= PASS_THRESHOLD for r in rewards)
-        out["mean/reward"][task] = statistics.fmean(rewards)
-        out["pass@1[avg-of-k]"][task] = c / n
-        for k in run_metrics.k_values(n):
-            out[f"pass@{k}"][task] = run_metrics.pass_at_k(n, c, k)
+        reward[task] = math.fsum(rewards) / n
+        average[task] = c / n
+        for name, value in _pass_rates(n, c):
+            out[name][task] = value
     return dict(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pass_rates(n: int, c: int) -> tuple[tuple[str, float], ...]:
+    """``pass@k`` of a task with ``n`` rollouts, ``c`` passing (few distinct pairs in a run)."""
+    return tuple((f"pass@{k}", run_metrics.pass_at_k(n, c, k)) for k in run_metrics.k_values(n))
 
 
 def run_value(metric: str, tasks: Tasks, values: dict[TaskId, float]) -> float:
@@ -297,11 +312,11 @@ def run_value(metric: str, tasks: Tasks, values: dict[TaskId, float]) -> float:
     return statistics.fmean(values.values())
 
 
-def task_summary(tasks: Tasks) -> dict[str, float]:
+def task_summary(tasks: Tasks, values: dict[str, dict[TaskId, float]] | None = None) -> dict[str, float]:
     """One environment's numbers from its tasks as its metrics file has them (``run_value``):
     ``mean/reward``, ``pass@1[avg-of-k]`` and the ``pass@k`` every task has, with ``num_tasks``
-    and ``num_rollouts``."""
-    values = task_values(tasks)
+    and ``num_rollouts`` (``values``: the tasks' ``task_values``, when already computed)."""
+    values = task_values(tasks) if values is None else values
     out = {"num_tasks": float(len(tasks)), "num_rollouts": float(sum(map(len, tasks.values())))}
     out.update({m: run_value(m, tasks, v) for m, v in values.items() if len(v) == len(tasks)})
     return out
@@ -356,8 +371,7 @@ def _env_comparison(env: str, base: EnvRun | None, new: EnvRun | None, cfg: Sett
             for m in _selected(set(only.metrics), cfg.patterns)
         ]
         return EnvComparison(env, "missing" if new is None else "added", deltas)
-    bv = task_values(base.tasks) if base.tasks is not None else {}
-    nv = task_values(new.tasks) if new.tasks is not None else {}
+    bv, nv = base.values(), new.values()
     deltas = []
     b: float | None
     n: float | None
@@ -388,11 +402,7 @@ def _rollup(base: dict[str, EnvRun], new: dict[str, EnvRun], envs: list[str], cf
         set().union(*(base[e].metrics.keys() & new[e].metrics.keys() for e in envs)), cfg.patterns
     )
     paired = all(base[e].tasks is not None and new[e].tasks is not None for e in envs)
-    values = (
-        {e: (task_values(base[e].tasks or {}), task_values(new[e].tasks or {})) for e in envs}
-        if paired
-        else {}
-    )
+    values = {e: (base[e].values(), new[e].values()) for e in envs} if paired else {}
     deltas = []
     for metric in names:
         if not all(metric in base[e].metrics and metric in new[e].metrics for e in envs):

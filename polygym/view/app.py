@@ -33,6 +33,7 @@ from polygym.row import ALL_ENVS, env_label
 from polygym.view import charts, pages
 from polygym.view.index import RunIndex
 from polygym.view.query import QueryError
+from polygym.view.svg import figure_svg
 from polygym.view.work import Worker
 
 MAX_QUERY_BYTES = 4096
@@ -80,6 +81,7 @@ def templates() -> Environment:
     env.filters["embed_json"] = embed_json
     env.filters["env_label"] = env_label
     env.filters["fmt"] = pages.fmt
+    env.filters["svg"] = figure_svg
     env.globals.update(ALL_ENVS=ALL_ENVS, cells=pages.summary_cells)
     return env
 

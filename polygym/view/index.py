@@ -38,7 +38,6 @@ from polygym.row import (
     TASK_INDEX,
     failure_class,
     reward,
-    total_tokens,
 )
 from polygym.view.conversation import count_turns
 from polygym.view.runs import RunSource
@@ -59,10 +58,6 @@ def env_of(row: Mapping[str, Any]) -> str:
 def task_key(env: str, task: TaskId) -> str:
     """A URL-safe name of one task of one environment."""
     return hashlib.blake2b(f"{env}\0{task}".encode(), digest_size=8).hexdigest()
-
-
-def _int(value: Any, default: int = -1) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _column(code: str) -> Any:
@@ -181,26 +176,46 @@ class RunIndex:
         return code
 
     def _add(self, which: int, offset: int, length: int, data: dict[str, Any]) -> None:
+        """One row's columns (a hot loop: a million rows are indexed while a person waits)."""
         failed = which == FAILURES
         inner = data.get("row")
         row: dict[str, Any] = inner if failed and isinstance(inner, dict) else data
-        env = self._code(row[ENV_FIELD] if isinstance(row.get(ENV_FIELD), str) else env_of(data))
+        env_name = row.get(ENV_FIELD)
+        env = self._code(env_name if isinstance(env_name, str) else env_of(data))
+        index = data.get(TASK_INDEX)
+        index = index if type(index) is int else -1
+        repeat = data.get(ROLLOUT_INDEX)
+        step = row.get(STEP_FIELD)
         self.file.append(which)
         self.offset.append(offset)
         self.length.append(length)
         self.env.append(env)
-        self.reward.append(0.0 if failed else reward(data))
         self.failed.append(failed)
-        self.masked.append(bool(data.get(MASK_SAMPLE)) and not failed)
-        self.failure_class.append(self._class_code(failure_class(data)) if failed else -1)
-        index = _int(data.get(TASK_INDEX))
         self.task.append(index)
         self.task_code.append(self._task_code(env, index if index >= 0 else task_identity(row)))
-        self.repeat.append(_int(data.get(ROLLOUT_INDEX)))
-        self.step.append(_int(row.get(STEP_FIELD)))
-        self.tokens.append(0 if failed else total_tokens(data))
-        self.turns.append(0 if failed else count_turns(data.get("response")))
+        self.repeat.append(repeat if type(repeat) is int else -1)
+        self.step.append(step if type(step) is int else -1)
+        if failed:
+            self.reward.append(0.0)
+            self.masked.append(False)
+            self.failure_class.append(self._class_code(failure_class(data)))
+            self.tokens.append(0)
+            self.turns.append(0)
+        else:
+            response = data.get("response")
+            self.reward.append(reward(data))
+            self.masked.append(bool(data.get(MASK_SAMPLE)))
+            self.failure_class.append(-1)
+            self.tokens.append(_tokens(response))
+            self.turns.append(count_turns(response))
         self.count += 1
+
+
+def _tokens(response: Any) -> int:
+    """``response.usage.total_tokens`` (``polygym.row.total_tokens``, without building a dict)."""
+    counts = response.get("usage") if isinstance(response, dict) else None
+    total = counts.get("total_tokens") if isinstance(counts, dict) else None
+    return int(total) if isinstance(total, int | float) and not isinstance(total, bool) else 0
 
 
 def open_index(source: RunSource) -> RunIndex:

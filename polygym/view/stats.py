@@ -143,7 +143,10 @@ def rollup(index: RunIndex, summaries: list[EnvSummary]) -> EnvSummary:
 
 def env_runs(index: RunIndex) -> dict[str, EnvRun]:
     """The run as ``compare_runs`` takes it: every environment's task summary and tasks."""
-    return {env: EnvRun(task_summary(tasks), tasks) for env, tasks in env_tasks(index).items()}
+    runs = {env: EnvRun({}, tasks) for env, tasks in env_tasks(index).items()}
+    for run in runs.values():
+        run.metrics = task_summary(run.tasks or {}, run.values())
+    return runs
 
 
 def compare_indexes(base: RunIndex, new: RunIndex) -> Comparison:
@@ -163,17 +166,25 @@ class Flip:
     """True: unsolved in base, solved in new; False: the other way."""
 
 
-def task_rows(index: RunIndex) -> dict[tuple[str, TaskId], list[int]]:
-    out: dict[tuple[str, TaskId], list[int]] = {}
+def task_rows(index: RunIndex, tasks: set[tuple[str, TaskId]]) -> dict[tuple[str, TaskId], list[int]]:
+    """The rows of each of ``tasks`` ((environment, task) pairs), in file order."""
+    wanted: dict[int, tuple[str, TaskId]] = {}
+    for code, (env, identity) in enumerate(index.tasks):
+        if (index.envs[env], identity) in tasks:
+            wanted[code] = (index.envs[env], identity)
+    out: dict[tuple[str, TaskId], list[int]] = {task: [] for task in tasks}
     for i, code in enumerate(index.task_code[: len(index)]):
-        env, identity = index.tasks[code]
-        out.setdefault((index.envs[env], identity), []).append(i)
+        if code in wanted:
+            out[wanted[code]].append(i)
     return out
 
 
 def flips(base: RunIndex, new: RunIndex, comparison: Comparison) -> list[Flip]:
     """The tasks ``comparison`` found flipped, with their rows in each run, losses first."""
-    a, b = task_rows(base), task_rows(new)
+    flipped = {
+        (env.env, task) for env in comparison.candidates[0].environments for task in (*env.lost, *env.gained)
+    }
+    a, b = task_rows(base, flipped), task_rows(new, flipped)
     out = []
     for env in comparison.candidates[0].environments:
         for tasks, now_solved in ((env.lost, False), (env.gained, True)):

@@ -1,0 +1,120 @@
+"""The viewer's figures as static SVG, for the exported report.
+
+A served page draws its figures with plotly.js (zoom, hover); an export inlined plotly.js too,
+4.6 MB of script in every report, so a 5-rollout run gave a 4.9 MB file. The export draws the
+same figure data (``polygym.view.charts``' plotly-shaped dicts) as SVG here instead: lines,
+markers, dotted targets, bars with their intervals, a legend; a few KB per figure and no script
+at all. Every text (titles, environment names, tick labels) goes through ``markupsafe.escape``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from markupsafe import Markup, escape
+
+WIDTH, HEIGHT = 640, 300
+LEFT, RIGHT, TOP, BOTTOM = 50, 150, 30, 40
+DEFAULT_COLOUR = "#1f77b4"
+
+
+def _numbers(values: list[Any]) -> list[float | None]:
+    return [float(v) if isinstance(v, int | float) and math.isfinite(v) else None for v in values]
+
+
+def _ticks(low: float, high: float, count: int = 5) -> list[float]:
+    if high <= low:
+        return [low]
+    step = (high - low) / (count - 1)
+    return [low + i * step for i in range(count)]
+
+
+class _Frame:
+    """Data coordinates -> SVG coordinates for one plot area."""
+
+    def __init__(self, xs: list[float], ys: list[float]) -> None:
+        self.x0, self.x1 = (min(xs), max(xs)) if xs else (0.0, 1.0)
+        self.y0, self.y1 = min([0.0, *ys]), max([*ys, 1e-9]) if ys else 1.0
+        if self.x1 == self.x0:
+            self.x0, self.x1 = self.x0 - 0.5, self.x1 + 0.5
+
+    def x(self, value: float) -> float:
+        return LEFT + (value - self.x0) / (self.x1 - self.x0) * (WIDTH - LEFT - RIGHT)
+
+    def y(self, value: float) -> float:
+        return HEIGHT - BOTTOM - (value - self.y0) / (self.y1 - self.y0) * (HEIGHT - TOP - BOTTOM)
+
+
+def _axes(frame: _Frame, labels: list[str] | None) -> list[str]:
+    out = [
+        f'<line x1="{LEFT}" y1="{HEIGHT - BOTTOM}" x2="{WIDTH - RIGHT}" y2="{HEIGHT - BOTTOM}" stroke="#999"/>',
+        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{HEIGHT - BOTTOM}" stroke="#999"/>',
+    ]
+    for value in _ticks(frame.y0, frame.y1):
+        y = frame.y(value)
+        out.append(f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end" font-size="10">{value:.2g}</text>')
+    if labels is None:
+        for value in _ticks(frame.x0, frame.x1):
+            x = frame.x(value)
+            out.append(f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="middle" font-size="10">{value:.3g}</text>')
+    else:
+        for i, label in enumerate(labels):
+            out.append(
+                f'<text x="{frame.x(i):.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="middle" font-size="10">'
+                f"{escape(label[:24])}</text>"
+            )
+    return out
+
+
+def _colour(trace: dict[str, Any]) -> str:
+    colour = (trace.get("line") or {}).get("color") or (trace.get("marker") or {}).get("color")
+    text = str(colour or DEFAULT_COLOUR)
+    return text if text.startswith("#") and len(text) <= 9 and text[1:].isalnum() else DEFAULT_COLOUR
+
+
+def figure_svg(figure: dict[str, Any]) -> Markup:
+    """One figure (``{"data": [...], "layout": {...}}``) as an ``<svg>`` element."""
+    traces = [t for t in figure.get("data", []) if isinstance(t, dict)]
+    title = str(((figure.get("layout") or {}).get("title") or {}).get("text", ""))
+    categorical = any(not all(isinstance(x, int | float) for x in t.get("x", [])) for t in traces)
+    labels = sorted({str(x) for t in traces for x in t.get("x", [])}) if categorical else None
+    xs, ys = [], []
+    for t in traces:
+        xs += [float(i) for i in range(len(labels))] if labels else [x for x in _numbers(t.get("x", [])) if x is not None]
+        ys += [y for y in _numbers(t.get("y", [])) if y is not None]
+    frame = _Frame(xs, ys)
+    parts = [f'<text x="{LEFT}" y="16" font-size="13">{escape(title)}</text>', *_axes(frame, labels)]
+    for n, trace in enumerate(traces):
+        parts += _trace(trace, frame, labels, n, len(traces))
+        legend_y = TOP + 14 * n
+        parts.append(
+            f'<rect x="{WIDTH - RIGHT + 10}" y="{legend_y - 8}" width="10" height="10" fill="{_colour(trace)}"/>'
+            f'<text x="{WIDTH - RIGHT + 24}" y="{legend_y + 1}" font-size="10">{escape(str(trace.get("name", ""))[:28])}</text>'
+        )
+    body = "".join(parts)
+    return Markup(
+        f'<svg class="figure-svg" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
+        f'width="100%" role="img">{body}</svg>'
+    )
+
+
+def _trace(trace: dict[str, Any], frame: _Frame, labels: list[str] | None, n: int, count: int) -> list[str]:
+    colour = _colour(trace)
+    raw_x = trace.get("x", [])
+    xs = [float(labels.index(str(x))) for x in raw_x] if labels else _numbers(raw_x)
+    points = [(x, y) for x, y in zip(xs, _numbers(trace.get("y", [])), strict=False) if x is not None and y is not None]
+    if trace.get("type") == "bar":
+        width = (WIDTH - LEFT - RIGHT) / max(1, len(points)) / max(1, count) * 0.8
+        out = []
+        for x, y in points:
+            left = frame.x(x) - width * count / 2 + n * width
+            top, base = frame.y(max(y, 0.0)), frame.y(min(y, 0.0))
+            out.append(f'<rect x="{left:.1f}" y="{top:.1f}" width="{width:.1f}" height="{base - top:.1f}" fill="{colour}"/>')
+        return out
+    dash = ' stroke-dasharray="4 3"' if (trace.get("line") or {}).get("dash") else ""
+    path = " ".join(f"{frame.x(x):.1f},{frame.y(y):.1f}" for x, y in points)
+    out = [f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"{dash}/>']
+    if "markers" in str(trace.get("mode", "")):
+        out += [f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="2.5" fill="{colour}"/>' for x, y in points]
+    return out
