@@ -16,7 +16,8 @@ still being written is read again on each request, so its pages show its new row
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Hashable, MutableMapping
+from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ from polygym.row import ALL_ENVS, env_label
 from polygym.view import charts, pages
 from polygym.view.index import RunIndex
 from polygym.view.query import QueryError
+from polygym.view.runs import discover
+from polygym.view.training import point_files, read_curves, signature
 from polygym.view.svg import figure_svg
 from polygym.view.work import Worker
 
@@ -87,13 +90,34 @@ def templates() -> Environment:
 
 
 class ViewerState:
-    """The runs' indexes and the worker that reads them and computes the pages' numbers."""
+    """The runs' indexes and the worker that reads them and computes the pages' numbers.
+
+    The runs named on the command line come first; the validation rollouts of a training run are
+    runs too, added as their files appear (``validation_runs``), so each validation point links
+    to its rollouts with every page a run has."""
 
     def __init__(self, indexes: list[RunIndex]) -> None:
         self.indexes = indexes
+        self.named = len(indexes)
         self.worker = Worker(indexes)
+        self._points: dict[tuple[int, Path], int] = {}
         for number in range(len(indexes)):
             self.worker.refresh(number)
+
+    def validation_runs(self, number: int) -> dict[int, tuple[int, RunIndex]]:
+        """Validation step -> (run number, index) of the rollouts behind it, for training run ``number``."""
+        source = self.indexes[number].source
+        if source.folder is None:
+            return {}
+        out = {}
+        for step, path in point_files(source.folder, [p.step for p in read_curves(source.folder)]).items():
+            found = self._points.get((number, path))
+            if found is None:
+                name = f"{source.name} · validation at step {step}"
+                found = self._points[(number, path)] = len(self.indexes)
+                self.indexes.append(RunIndex(replace(discover(path), name=name)))
+            out[step] = (found, self.indexes[found])
+        return out
 
     def run(self, number: int) -> RunIndex:
         if not 0 <= number < len(self.indexes):
@@ -102,8 +126,15 @@ class ViewerState:
         return self.indexes[number]
 
     def live(self, index: RunIndex) -> bool:
-        """A run is taken as still being written until its metrics file exists."""
-        return not index.source.metrics.is_file() or not index.loaded
+        """A run is taken as still being written until its metrics file (a training run: its
+        ``summary.json``) exists."""
+        return not index.source.ended.is_file() or not index.loaded
+
+    def version(self, index: RunIndex) -> str:
+        """Changes whenever a live page has something new to show (its rows, a training run's logs)."""
+        folder = index.source.folder
+        extra = signature(folder, index.source.steps) if folder is not None else ()
+        return f"{len(index)}:{hash(extra) & 0xFFFFFFFF:x}"
 
 
 def guard(app: ASGI) -> ASGI:
@@ -143,17 +174,24 @@ def create_app(indexes: list[RunIndex], wait_s: float = WAIT_S) -> ASGI:
     state = ViewerState(indexes)
     jinja = templates()
 
-    async def numbers(key: str, runs: list[int], what: str, compute: Callable[[], Any]) -> Any:
-        """The page's numbers, waiting ``wait_s`` at most; None: show progress instead."""
-        answer = state.worker.ask(key, runs, what, compute)
+    async def numbers(
+        key: str, runs: list[int], what: str, compute: Callable[[], Any], extra: Hashable = None
+    ) -> tuple[Any, bool]:
+        """The page's numbers and whether they are older than the runs, waiting ``wait_s`` at
+        most for the current ones; (None, False): nothing to show yet, show progress instead."""
+        answer = state.worker.ask(key, runs, what, compute, extra)
         future = state.worker.future(key)
-        if answer.value is None and future is not None:
+        if (answer.value is None or answer.stale) and future is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), wait_s)
             except TimeoutError:
-                return None
-            answer = state.worker.ask(key, runs, what, compute)
-        return answer.value
+                return answer.value, answer.stale
+            answer = state.worker.ask(key, runs, what, compute, extra)
+        return answer.value, answer.stale
+
+    def updating(stale: bool) -> dict[str, Any]:
+        """Numbers older than the runs: said on the page, which reloads at its next poll."""
+        return {"stale": True, "live": True, "live_version": "updating"} if stale else {"stale": False}
 
     def waiting(request: Request, key: str, runs: list[int], title: str) -> Response:
         return render(
@@ -167,7 +205,9 @@ def create_app(indexes: list[RunIndex], wait_s: float = WAIT_S) -> ASGI:
 
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         runs = [(i, x.source) for i, x in enumerate(state.indexes)]
-        html = jinja.get_template(name).render(runs=runs, path=request.url.path, export=False, **context)
+        html = jinja.get_template(name).render(
+            runs=runs, nav_runs=runs[: state.named], path=request.url.path, export=False, **context
+        )
         return Response(html, status, media_type="text/html; charset=utf-8")
 
     def run_context(number: int) -> dict[str, Any]:
@@ -178,6 +218,7 @@ def create_app(indexes: list[RunIndex], wait_s: float = WAIT_S) -> ASGI:
             "source": index.source,
             "live": state.live(index),
             "row_count": len(index),
+            "live_version": state.version(index),
         }
 
     async def home(request: Request) -> Response:
@@ -186,10 +227,12 @@ def create_app(indexes: list[RunIndex], wait_s: float = WAIT_S) -> ASGI:
     async def overview(request: Request) -> Response:
         ctx = run_context(request.path_params["run"])
         key = f"overview/{ctx['run']}"
-        view = await numbers(key, [ctx["run"]], "computing the overview", lambda: pages.overview(ctx["index"]))
+        view, stale = await numbers(
+            key, [ctx["run"]], "computing the overview", lambda: pages.overview(ctx["index"])
+        )
         if view is None:
             return waiting(request, key, [ctx["run"]], f"{ctx['source'].name} · overview")
-        return render(request, "overview.html", **ctx, **view)
+        return render(request, "overview.html", **{**ctx, **updating(stale)}, **view)
 
     async def steps(request: Request) -> Response:
         ctx = run_context(request.path_params["run"])
@@ -220,10 +263,10 @@ def create_app(indexes: list[RunIndex], wait_s: float = WAIT_S) -> ASGI:
         base, new, a, b = pair(request)
         key = f"compare/{a}/{b}"
         what = "comparing (paired bootstrap over tasks)"
-        view = await numbers(key, [a, b], what, lambda: pages.comparison(base, new))
+        view, stale = await numbers(key, [a, b], what, lambda: pages.comparison(base, new))
         if view is None:
             return waiting(request, key, [a, b], "compare")
-        return render(request, "compare.html", base=a, new=b, **view)
+        return render(request, "compare.html", base=a, new=b, **updating(stale), **view)
 
     async def compare_task(request: Request) -> Response:
         base, new, a, b = pair(request)
@@ -236,7 +279,22 @@ def create_app(indexes: list[RunIndex], wait_s: float = WAIT_S) -> ASGI:
 
     async def count(request: Request) -> Response:
         index = state.run(request.path_params["run"])
-        return JSONResponse({"rows": len(index), "live": state.live(index)})
+        return JSONResponse({"rows": len(index), "live": state.live(index), "version": state.version(index)})
+
+    async def training(request: Request) -> Response:
+        ctx = run_context(request.path_params["run"])
+        if ctx["source"].folder is None:
+            return render(request, "error.html", 404, message=f"run {ctx['run']} is not a training run")
+        points = state.validation_runs(ctx["run"])
+        key = f"training/{ctx['run']}"
+        runs = [ctx["run"], *(number for number, _ in points.values())]
+        extra = signature(ctx["source"].folder, ctx["source"].steps)
+        view, stale = await numbers(
+            key, runs, "reading the training run", lambda: pages.training_page(ctx["index"], points), extra
+        )
+        if view is None:
+            return waiting(request, key, runs, f"{ctx['source'].name} · training")
+        return render(request, "training.html", **{**ctx, **updating(stale)}, **view)
 
     async def progress(request: Request) -> Response:
         """For a waiting page: how far the worker has got, and whether the page can be shown."""
@@ -260,6 +318,7 @@ def create_app(indexes: list[RunIndex], wait_s: float = WAIT_S) -> ASGI:
         Route("/", home),
         Route("/run/{run:int}", overview),
         Route("/run/{run:int}/steps", steps),
+        Route("/run/{run:int}/training", training),
         Route("/run/{run:int}/rollouts", rollouts),
         Route("/run/{run:int}/rollouts/{row:int}", rollout),
         Route("/run/{run:int}/count.json", count),

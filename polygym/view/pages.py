@@ -32,6 +32,7 @@ from polygym.view.stats import (
     summarize,
 )
 from polygym.view.steps import read_steps, read_validation
+from polygym.view.training import Training, read_training
 
 PREVIEW_CHARS = 140
 DASH = "\u2013"
@@ -231,4 +232,50 @@ def summary_cells(s: EnvSummary) -> dict[str, str]:
             p: (f"{s.latency[p]:.3f}" if s.latency.get(p) is not None else DASH)
             for p in ("p50", "p90", "p99")
         },
+    }
+
+
+@dataclass
+class ValidationRow:
+    step: int
+    run: int | None
+    """The viewer's run number of the rollouts behind this point (None: not written yet)."""
+    cells: dict[str, Any]
+    """Environment -> ``{"mean", "n", "env"}`` (``env``: its name in that run's rows, to filter by)."""
+    alarms: list[str]
+
+
+def training_page(index: RunIndex, points: Mapping[int, tuple[int, RunIndex]]) -> dict[str, Any]:
+    """The training view: validation curves with every point, the rollouts behind each point,
+    planned vs realized shares per step, the step rewards and the alarms so far."""
+    source = index.source
+    assert source.folder is not None
+    training: Training = read_training(source.folder, source.steps)
+    series = read_steps(source.steps)
+    figures = [charts.validation_curves(training.points)] if training.points else []
+    if series:
+        figures.append(charts.planned_vs_realized(series))
+        figures.append(charts.step_figures(series, {})[0])
+    envs = sorted({p.env for p in training.points})
+    rows = []
+    for step in sorted({p.step for p in training.points}):
+        number, found = points.get(step, (None, None))
+        names = set(found.envs) if found is not None else set()
+        cells = {
+            p.env: {
+                "mean": p.reward_mean,
+                "n": p.n,
+                "env": p.env if p.env in names else training.agents.get(p.env, p.env),
+            }
+            for p in training.points
+            if p.step == step
+        }
+        alarms = [f"{a.env}: {a.kind}" for a in training.alarms if a.step == step]
+        rows.append(ValidationRow(step, number, cells, alarms))
+    return {
+        "training": training,
+        "envs": envs,
+        "validation_rows": rows,
+        "figures": figures,
+        "steps_logged": len(series.get("_all").steps) if "_all" in series else 0,
     }

@@ -39,14 +39,15 @@ class Answer:
 
 
 class Worker:
-    def __init__(self, indexes: Sequence[RunIndex]) -> None:
-        self.indexes = list(indexes)
+    def __init__(self, indexes: list[RunIndex]) -> None:
+        self.indexes = indexes
+        """Shared with the viewer, which appends the runs it finds (a training run's validations)."""
         self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
         # a daemon thread, not a ThreadPoolExecutor: Ctrl-C in the middle of reading a large run
         # must end the process now, not after the read (the executor's threads are joined at exit)
         threading.Thread(target=self._loop, name="gym-view-worker", daemon=True).start()
         self._lock = threading.Lock()
-        self._results: dict[Hashable, tuple[tuple[tuple[int, int], ...], Any]] = {}
+        self._results: dict[Hashable, tuple[Hashable, Any]] = {}
         self._pending: dict[Hashable, Future[Any]] = {}
         self._refreshed: dict[int, float] = {}
         self.activity = ""
@@ -88,18 +89,21 @@ class Worker:
 
         self._submit(("refresh", number), job)
 
-    def ask(self, key: Hashable, runs: Sequence[int], what: str, compute: Callable[[], Any]) -> Answer:
-        """The numbers of page ``key`` over ``runs`` (computed by ``compute`` on this thread)."""
+    def ask(
+        self, key: Hashable, runs: Sequence[int], what: str, compute: Callable[[], Any], extra: Hashable = None
+    ) -> Answer:
+        """The numbers of page ``key`` over ``runs`` (computed by ``compute`` on this thread);
+        ``extra``: anything else they depend on (a training run's log files' sizes)."""
         for number in runs:
             self.refresh(number)
         indexes = [self.indexes[n] for n in runs]
-        state = state_of(indexes)
+        state = (state_of(indexes), extra)
         held = self._results.get(key)
         if held is not None and held[0] == state:
             return Answer(held[1], False)
 
         def job() -> None:  # queued after the refreshes above: the runs are read to their end
-            now = state_of(indexes)
+            now = (state_of(indexes), extra)
             if (found := self._results.get(key)) is not None and found[0] == now:
                 return
             self.activity = what

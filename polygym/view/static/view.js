@@ -23,7 +23,7 @@
       polls += 1;
       if (polls > 43200) { clearInterval(timer); return; }  // a day of polling at most
       fetch(url, { cache: "no-store" }).then(function (r) { return r.json(); }).then(function (d) {
-        if (String(d.rows) !== rows) { window.location.reload(); }
+        if (String(d.version) !== rows) { window.location.reload(); }
         else if (!d.live) { clearInterval(timer); }
       }).catch(function () {});
     }, 2000);
