@@ -106,7 +106,8 @@ def summarize(
 
 def mean_of_environments(estimates: list[Estimate], confidence: float = stats.DEFAULT_CONFIDENCE) -> Estimate:
     """The mean of environments' means, each counting once; its interval adds their variances
-    (independent strata), recovered from each normal interval's half width."""
+    (independent strata), recovered from each normal interval's width, and stays within the
+    environments' own intervals (which are cut to the range of their values)."""
     found = [e for e in estimates if e.mean is not None]
     if not found:
         return stats.NOTHING
@@ -116,7 +117,9 @@ def mean_of_environments(estimates: list[Estimate], confidence: float = stats.DE
     z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
     variance = sum(((e.high or 0.0) - (e.low or 0.0)) ** 2 / (2 * z) ** 2 for e in found)
     half = z * math.sqrt(variance) / len(found)
-    return Estimate(mean, mean - half, mean + half, sum(e.n for e in found), stats.NORMAL)
+    low = max(mean - half, min(e.low or 0.0 for e in found))  # a mean of means stays within theirs
+    high = min(mean + half, max(e.high or 0.0 for e in found))
+    return Estimate(mean, low, high, sum(e.n for e in found), stats.NORMAL)
 
 
 def rollup(index: RunIndex, summaries: list[EnvSummary]) -> EnvSummary:

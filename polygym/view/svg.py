@@ -79,19 +79,21 @@ def figure_svg(figure: dict[str, Any]) -> Markup:
     title = str(((figure.get("layout") or {}).get("title") or {}).get("text", ""))
     categorical = any(not all(isinstance(x, int | float) for x in t.get("x", [])) for t in traces)
     labels = sorted({str(x) for t in traces for x in t.get("x", [])}) if categorical else None
-    xs, ys = [], []
+    xs: list[float] = [-0.5, len(labels) - 0.5] if labels else []  # a category sits mid-slot
+    ys: list[float] = []
     for t in traces:
-        xs += [float(i) for i in range(len(labels))] if labels else [x for x in _numbers(t.get("x", [])) if x is not None]
+        xs += [] if labels else [x for x in _numbers(t.get("x", [])) if x is not None]
         ys += [y for y in _numbers(t.get("y", [])) if y is not None]
     frame = _Frame(xs, ys)
     parts = [f'<text x="{LEFT}" y="16" font-size="13">{escape(title)}</text>', *_axes(frame, labels)]
     for n, trace in enumerate(traces):
         parts += _trace(trace, frame, labels, n, len(traces))
         legend_y = TOP + 14 * n
-        parts.append(
-            f'<rect x="{WIDTH - RIGHT + 10}" y="{legend_y - 8}" width="10" height="10" fill="{_colour(trace)}"/>'
-            f'<text x="{WIDTH - RIGHT + 24}" y="{legend_y + 1}" font-size="10">{escape(str(trace.get("name", ""))[:28])}</text>'
-        )
+        if trace.get("name"):
+            parts.append(
+                f'<rect x="{WIDTH - RIGHT + 10}" y="{legend_y - 8}" width="10" height="10" fill="{_colour(trace)}"/>'
+                f'<text x="{WIDTH - RIGHT + 24}" y="{legend_y + 1}" font-size="10">{escape(str(trace["name"])[:28])}</text>'
+            )
     body = "".join(parts)
     return Markup(
         f'<svg class="figure-svg" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
@@ -105,7 +107,8 @@ def _trace(trace: dict[str, Any], frame: _Frame, labels: list[str] | None, n: in
     xs = [float(labels.index(str(x))) for x in raw_x] if labels else _numbers(raw_x)
     points = [(x, y) for x, y in zip(xs, _numbers(trace.get("y", [])), strict=False) if x is not None and y is not None]
     if trace.get("type") == "bar":
-        width = (WIDTH - LEFT - RIGHT) / max(1, len(points)) / max(1, count) * 0.8
+        slots = len(labels) if labels else max(1, len(points))
+        width = (WIDTH - LEFT - RIGHT) / slots / max(1, count) * 0.8
         out = []
         for x, y in points:
             left = frame.x(x) - width * count / 2 + n * width
