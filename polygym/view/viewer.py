@@ -10,6 +10,7 @@ shows how far that has got (``polygym.view.work``). An export has no page to wai
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,12 +39,14 @@ def open_runs(paths: Sequence[Path], echo: Callable[[str], None] = print) -> lis
 
 
 async def serve(indexes: list[RunIndex], port: int = 0, echo: Callable[[str], None] = print) -> None:
-    """Serve until cancelled (Ctrl-C)."""
+    """Serve until cancelled (Ctrl-C). The server's task is shielded from that cancel: ``stop``
+    then shuts it down in order (lifespan included), so Ctrl-C ends with one line, not uvicorn's
+    traceback of a task torn down mid-lifespan."""
     server = AppServer(create_app(indexes), bind_socket(HOST, port))
     await server.start()
     echo(f"polygym view: {server.url}/  (read-only; Ctrl-C to stop)")
     try:
         assert server.task is not None
-        await server.task
+        await asyncio.shield(server.task)
     finally:
         await server.stop()
