@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from view_pages import write_run  # noqa: E402
+from view_pages import write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 WAITING = 'id="progress"'
@@ -107,7 +107,10 @@ def ensure_run(path: Path, rows: int, seed: int) -> None:
         began = time.perf_counter()
         write_run(path, rows, seed)
         marker.touch()
-        print(f"wrote {path} ({rows} rows, {path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - began:.0f} s")
+        print(
+            f"wrote {path} ({rows} rows, {path.stat().st_size / 1e6:.0f} MB)"
+            f" in {time.perf_counter() - began:.0f} s"
+        )
 
 
 def main() -> None:
@@ -115,7 +118,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--big-rows", type=int, default=1_000_000, help="0: skip the large run")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/view_scale"))
-    parser.add_argument("--pythonpath", default=str(ROOT), help="the polygym checkout to run (default: this one)")
+    parser.add_argument(
+        "--pythonpath", default=str(ROOT), help="the polygym checkout to run (default: this one)"
+    )
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     base, new, big = args.dir / "base.jsonl", args.dir / "new.jsonl", args.dir / "big.jsonl"
@@ -124,7 +129,10 @@ def main() -> None:
     viewer = Viewer([base, new], args.pythonpath)
     try:
         compare_s = viewer.until_shown("/compare/0/1", "Flips")
-        print(f"two {args.rows}-rollout runs: URL {viewer.url_s:.1f} s (target < 5), Compare {compare_s:.1f} s (target < 10)")
+        print(
+            f"two {args.rows}-rollout runs: URL {viewer.url_s:.1f} s (target < 5),"
+            f" Compare {compare_s:.1f} s (target < 10)"
+        )
     finally:
         viewer.stop()
     if not args.big_rows:

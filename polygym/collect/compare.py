@@ -12,8 +12,8 @@ per-task value, so the delta is a point estimate and says so. A base or new valu
 rollouts is the metrics file's: ``mean/reward`` the mean over scored rollouts, ``pass@k`` the mean
 over tasks (``run_value``); a delta is always the mean over paired tasks of each task's change
 (the same thing when every task has as many rollouts). Rollouts a verifier masked
-(``mask_sample``) are left out, as the metrics file leaves them out. ``gym view`` compares with this module too
-(``compare_runs`` on the runs it indexed), so its numbers are these.
+(``mask_sample``) are left out, as the metrics file leaves them out. ``gym view`` compares with
+this module too (``compare_runs`` on the runs it indexed), so its numbers are these.
 
 **Regression** (``threshold`` absolute, default 0.02): a judged metric regressed when its whole
 interval lies below ``-threshold``, i.e. its upper bound is below ``-threshold``: the drop is
@@ -427,7 +427,9 @@ def _only(run: dict[str, EnvRun], agents: Sequence[str]) -> dict[str, EnvRun]:
     return {k: v for k, v in run.items() if k in agents} if agents else run
 
 
-def _candidate(base: dict[str, EnvRun], name: str, new: dict[str, EnvRun], cfg: Settings) -> CandidateComparison:
+def _candidate(
+    base: dict[str, EnvRun], name: str, new: dict[str, EnvRun], cfg: Settings
+) -> CandidateComparison:
     envs = [*sorted(base), *sorted(k for k in new if k not in base)]
     rows = [_env_comparison(e, base.get(e), new.get(e), cfg) for e in envs]
     shared = sorted(set(base) & set(new))

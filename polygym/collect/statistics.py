@@ -11,8 +11,9 @@ index, ``polygym.collect.compare.task_identity``); this module only needs them h
 * ``paired_bootstrap``: the difference of two runs over the tasks both ran. Resampling *tasks*
   keeps each task's two values together, so a task's difficulty cancels out and the interval is
   much tighter than comparing two independent means. Percentile interval; seeded draws
-  (``Resampler``: numpy's generator where numpy is installed) make it reproducible. Several strata (environments) are resampled each
-  within itself and their means averaged, every stratum counting once: the macro average.
+  (``Resampler``: numpy's generator where numpy is installed) make it reproducible. Several
+  strata (environments) are resampled each within itself and their means averaged, every
+  stratum counting once: the macro average.
 * ``welch``: the difference when the runs share no task (Welch's t interval, unequal variances).
 * ``delta`` picks between the two; ``flips`` lists the tasks solved in one run and not the other.
 * ``mcnemar``: whether two runs' pass/fail verdicts on the same tasks differ by more than chance
@@ -102,9 +103,11 @@ def rollout_mean_interval(
         return Estimate(mean, None, None, 1)
     per_task = sum(counts) / len(found)
     residual = math.fsum((s - mean * n) ** 2 for s, n in zip(sums, counts, strict=True))
-    half = statistics.NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(
-        residual / (len(found) * (len(found) - 1))
-    ) / per_task
+    half = (
+        statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+        * math.sqrt(residual / (len(found) * (len(found) - 1)))
+        / per_task
+    )
     means = [s / n for s, n in zip(sums, counts, strict=True)]
     return Estimate(mean, max(min(means), mean - half), min(max(means), mean + half), len(found), NORMAL)
 
@@ -122,9 +125,10 @@ class Resampler:
     with few distinct levels (rewards of 0/1, their per-task differences) are resampled as
     multinomial counts of the levels, which is the same bootstrap at a cost independent of the
     task count; others as positions, a gather and a row mean in chunks of about two million
-    positions (12,500 tasks x 2,000 resamples in about 0.4 s). Without it (the slim core) a seeded ``random.Random`` draws in pure
-    Python, several times slower and with other draws: intervals from the two agree to within the
-    bootstrap's own noise, and each is reproducible on its own.
+    positions (12,500 tasks x 2,000 resamples in about 0.4 s). Without it (the slim core) a
+    seeded ``random.Random`` draws in pure Python, several times slower and with other draws:
+    intervals from the two agree to within the bootstrap's own noise, and each is reproducible
+    on its own.
     """
 
     def __init__(self, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> None:

@@ -35,8 +35,8 @@ from polygym.view import charts, pages
 from polygym.view.index import RunIndex
 from polygym.view.query import QueryError
 from polygym.view.runs import discover
-from polygym.view.training import point_files, read_curves, signature
 from polygym.view.svg import figure_svg
+from polygym.view.training import point_files, read_curves, signature
 from polygym.view.work import Worker
 
 MAX_QUERY_BYTES = 4096

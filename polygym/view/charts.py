@@ -189,21 +189,34 @@ def validation_curves(points: list[Point]) -> dict[str, Any]:
                 "x": [p.step for p in mine],
                 "y": [p.reward_mean for p in mine],
                 "customdata": [p.n for p in mine],
-                "hovertemplate": "step %{x}: %{y:.3f} over %{customdata} rollouts<extra>%{fullData.name}</extra>",
+                "hovertemplate": "step %{x}: %{y:.3f} over %{customdata} rollouts"
+                "<extra>%{fullData.name}</extra>",
                 "line": {"color": colour[env], **({"dash": "dash"} if watched else {})},
                 "marker": {"color": colour[env], "size": 8},
             }
         )
-    return {"data": data, "layout": _layout("validation reward per environment, every validation point", "reward")}
+    return {
+        "data": data,
+        "layout": _layout("validation reward per environment, every validation point", "reward"),
+    }
 
 
 def planned_vs_realized(series: dict[str, Series]) -> dict[str, Any]:
     """Each environment's realized share of a step's rollouts (solid) against its plan (dotted):
     ``planned_share`` where the step log has it (``gym train run``), else ``target_share``."""
     envs = {env: s for env, s in series.items() if env != ALL_ENVS}
-    planned = "planned_share" if any(v is not None for s in envs.values() for v in s.values["planned_share"]) else "target_share"
+    planned = (
+        "planned_share"
+        if any(v is not None for s in envs.values() for v in s.values["planned_share"])
+        else "target_share"
+    )
     data = _lines(envs, "realized_share") + [
-        {**trace, "name": f"{trace['name']} planned", "line": {**trace["line"], "dash": "dot"}, "mode": "lines"}
+        {
+            **trace,
+            "name": f"{trace['name']} planned",
+            "line": {**trace["line"], "dash": "dot"},
+            "mode": "lines",
+        }
         for trace in _lines(envs, planned)
     ]
     return {"data": data, "layout": _layout("realized (solid) vs planned (dotted) share per step", "share")}

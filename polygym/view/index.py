@@ -60,10 +60,6 @@ def task_key(env: str, task: TaskId) -> str:
     return hashlib.blake2b(f"{env}\0{task}".encode(), digest_size=8).hexdigest()
 
 
-def _column(code: str) -> Any:
-    return field(default_factory=lambda: array(code))
-
-
 @dataclass
 class RunIndex:
     source: RunSource
@@ -73,23 +69,23 @@ class RunIndex:
     """Task code -> (environment code, task identity)."""
     task_keys: list[str] = field(default_factory=list)
     """Task code -> its ``task_key``."""
-    file: array[int] = _column("b")
-    offset: array[int] = _column("q")
-    length: array[int] = _column("q")
-    env: array[int] = _column("i")
-    reward: array[float] = _column("d")
-    failed: array[int] = _column("b")
-    masked: array[int] = _column("b")
+    file: array[int] = field(default_factory=lambda: array("b"))
+    offset: array[int] = field(default_factory=lambda: array("q"))
+    length: array[int] = field(default_factory=lambda: array("q"))
+    env: array[int] = field(default_factory=lambda: array("i"))
+    reward: array[float] = field(default_factory=lambda: array("d"))
+    failed: array[int] = field(default_factory=lambda: array("b"))
+    masked: array[int] = field(default_factory=lambda: array("b"))
     """1: the verifier set ``mask_sample`` (left out of every quality number, as in the metrics file)."""
-    failure_class: array[int] = _column("i")
+    failure_class: array[int] = field(default_factory=lambda: array("i"))
     """Index into ``classes``; -1 for a rollout that did not fail."""
-    task: array[int] = _column("q")
+    task: array[int] = field(default_factory=lambda: array("q"))
     """``_ng_task_index`` as written (-1: none), for display."""
-    task_code: array[int] = _column("i")
-    repeat: array[int] = _column("q")
-    step: array[int] = _column("q")
-    tokens: array[int] = _column("q")
-    turns: array[int] = _column("i")
+    task_code: array[int] = field(default_factory=lambda: array("i"))
+    repeat: array[int] = field(default_factory=lambda: array("q"))
+    step: array[int] = field(default_factory=lambda: array("q"))
+    tokens: array[int] = field(default_factory=lambda: array("q"))
+    turns: array[int] = field(default_factory=lambda: array("i"))
     generation: int = 0
     loaded: bool = False
     """The files have been read to their end once."""

@@ -189,7 +189,9 @@ def comparison(base: RunIndex, new: RunIndex) -> dict[str, Any]:
     return {
         "deltas": deltas,
         "metric_rows": [
-            {"env": env.env, "status": env.status, "m": m} for env in candidate.environments for m in env.metrics
+            {"env": env.env, "status": env.status, "m": m}
+            for env in candidate.environments
+            for m in env.metrics
         ],
         "regressions": candidate.regressions,
         "flips": found[:MAX_FLIPS],
@@ -277,5 +279,5 @@ def training_page(index: RunIndex, points: Mapping[int, tuple[int, RunIndex]]) -
         "envs": envs,
         "validation_rows": rows,
         "figures": figures,
-        "steps_logged": len(series.get("_all").steps) if "_all" in series else 0,
+        "steps_logged": len({step for s in series.values() for step in s.steps}),
     }

@@ -2,8 +2,9 @@
 
 ``gym view`` takes what people have at hand: the ``--output`` JSONL of ``gym eval run`` (or any of
 its siblings), a step-wise run (the same files plus ``_steps.jsonl``), or a ``gym train run``
-folder (or a watch's, which writes the same validation files: ``polygym.view.training``). ``discover`` turns that path into a ``RunSource``: the only files the viewer ever opens
-for that run. Routes name runs by their number on the command line, so these files are the whole
+folder (or a watch's, which writes the same validation files: ``polygym.view.training``).
+``discover`` turns that path into a ``RunSource``: the only files the viewer ever opens for that
+run. Routes name runs by their number on the command line, so these files are the whole
 of what can be served.
 """
 

@@ -46,24 +46,26 @@ class _Frame:
         return HEIGHT - BOTTOM - (value - self.y0) / (self.y1 - self.y0) * (HEIGHT - TOP - BOTTOM)
 
 
+def _text(x: float, y: float, text: str, anchor: str = "start") -> str:
+    """A label; ``text`` may come from a run (an environment's name) and is escaped here."""
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" font-size="10">{escape(text)}</text>'
+
+
+def _rect(x: float, y: float, width: float, height: float, colour: str) -> str:
+    return f'<rect x="{x:.1f}" y="{y:.1f}" width="{width:.1f}" height="{height:.1f}" fill="{colour}"/>'
+
+
 def _axes(frame: _Frame, labels: list[str] | None) -> list[str]:
+    bottom = HEIGHT - BOTTOM
     out = [
-        f'<line x1="{LEFT}" y1="{HEIGHT - BOTTOM}" x2="{WIDTH - RIGHT}" y2="{HEIGHT - BOTTOM}" stroke="#999"/>',
-        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{HEIGHT - BOTTOM}" stroke="#999"/>',
+        f'<line x1="{LEFT}" y1="{bottom}" x2="{WIDTH - RIGHT}" y2="{bottom}" stroke="#999"/>',
+        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{bottom}" stroke="#999"/>',
     ]
-    for value in _ticks(frame.y0, frame.y1):
-        y = frame.y(value)
-        out.append(f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end" font-size="10">{value:.2g}</text>')
+    out += [_text(LEFT - 4, frame.y(v) + 4, f"{v:.2g}", "end") for v in _ticks(frame.y0, frame.y1)]
     if labels is None:
-        for value in _ticks(frame.x0, frame.x1):
-            x = frame.x(value)
-            out.append(f'<text x="{x:.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="middle" font-size="10">{value:.3g}</text>')
+        out += [_text(frame.x(v), bottom + 14, f"{v:.3g}", "middle") for v in _ticks(frame.x0, frame.x1)]
     else:
-        for i, label in enumerate(labels):
-            out.append(
-                f'<text x="{frame.x(i):.1f}" y="{HEIGHT - BOTTOM + 14}" text-anchor="middle" font-size="10">'
-                f"{escape(label[:24])}</text>"
-            )
+        out += [_text(frame.x(i), bottom + 14, label[:24], "middle") for i, label in enumerate(labels)]
     return out
 
 
@@ -90,10 +92,8 @@ def figure_svg(figure: dict[str, Any]) -> Markup:
         parts += _trace(trace, frame, labels, n, len(traces))
         legend_y = TOP + 14 * n
         if trace.get("name"):
-            parts.append(
-                f'<rect x="{WIDTH - RIGHT + 10}" y="{legend_y - 8}" width="10" height="10" fill="{_colour(trace)}"/>'
-                f'<text x="{WIDTH - RIGHT + 24}" y="{legend_y + 1}" font-size="10">{escape(str(trace["name"])[:28])}</text>'
-            )
+            parts.append(_rect(WIDTH - RIGHT + 10, legend_y - 8, 10, 10, _colour(trace)))
+            parts.append(_text(WIDTH - RIGHT + 24, legend_y + 1, str(trace["name"])[:28]))
     body = "".join(parts)
     return Markup(
         f'<svg class="figure-svg" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" '
@@ -105,7 +105,11 @@ def _trace(trace: dict[str, Any], frame: _Frame, labels: list[str] | None, n: in
     colour = _colour(trace)
     raw_x = trace.get("x", [])
     xs = [float(labels.index(str(x))) for x in raw_x] if labels else _numbers(raw_x)
-    points = [(x, y) for x, y in zip(xs, _numbers(trace.get("y", [])), strict=False) if x is not None and y is not None]
+    points = [
+        (x, y)
+        for x, y in zip(xs, _numbers(trace.get("y", [])), strict=False)
+        if x is not None and y is not None
+    ]
     if trace.get("type") == "bar":
         slots = len(labels) if labels else max(1, len(points))
         width = (WIDTH - LEFT - RIGHT) / slots / max(1, count) * 0.8
@@ -113,11 +117,14 @@ def _trace(trace: dict[str, Any], frame: _Frame, labels: list[str] | None, n: in
         for x, y in points:
             left = frame.x(x) - width * count / 2 + n * width
             top, base = frame.y(max(y, 0.0)), frame.y(min(y, 0.0))
-            out.append(f'<rect x="{left:.1f}" y="{top:.1f}" width="{width:.1f}" height="{base - top:.1f}" fill="{colour}"/>')
+            out.append(_rect(left, top, width, base - top, colour))
         return out
     dash = ' stroke-dasharray="4 3"' if (trace.get("line") or {}).get("dash") else ""
     path = " ".join(f"{frame.x(x):.1f},{frame.y(y):.1f}" for x, y in points)
     out = [f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"{dash}/>']
     if "markers" in str(trace.get("mode", "")):
-        out += [f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="2.5" fill="{colour}"/>' for x, y in points]
+        out += [
+            f'<circle cx="{frame.x(x):.1f}" cy="{frame.y(y):.1f}" r="2.5" fill="{colour}"/>'
+            for x, y in points
+        ]
     return out

@@ -80,6 +80,7 @@ class JsonlTail:
         self._skipping = True
         self.offset = offset
 
+
 def read_at(path: Path, offset: int, length: int) -> bytes:
     """The bytes of one line found earlier (the index keeps offsets, not rows)."""
     with path.open("rb") as handle:

@@ -61,7 +61,11 @@ def read_curves(folder: Path) -> list[Point]:
         if isinstance(step, int) and isinstance(env, str):
             n = line.get("n")
             latest[(step, env)] = Point(
-                step, env, bool(line.get("eval_only")), _number(line.get("reward_mean")), n if isinstance(n, int) else 0
+                step,
+                env,
+                bool(line.get("eval_only")),
+                _number(line.get("reward_mean")),
+                n if isinstance(n, int) else 0,
             )
     return [latest[k] for k in sorted(latest)]
 
@@ -163,7 +167,7 @@ def regression_alarms(training: Training) -> list[Alarm]:
                     if m.regression and m.delta is not None and m.low is not None and m.high is not None:
                         text = (
                             f"validation reward {m.base:.3f} → {m.new:.3f} since step 0; the 95% interval "
-                            f"of the change [{m.low:+.3f}, {m.high:+.3f}] lies below −{limit:g}"
+                            f"of the change [{m.low:+.3f}, {m.high:+.3f}] lies below -{limit:g}"
                         )
                         out.append(Alarm(step, env, "validation regression", text))
     return out

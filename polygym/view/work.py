@@ -12,10 +12,10 @@ and reloads). Results are kept per page and run, replaced when the runs grow.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-import queue
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +90,12 @@ class Worker:
         self._submit(("refresh", number), job)
 
     def ask(
-        self, key: Hashable, runs: Sequence[int], what: str, compute: Callable[[], Any], extra: Hashable = None
+        self,
+        key: Hashable,
+        runs: Sequence[int],
+        what: str,
+        compute: Callable[[], Any],
+        extra: Hashable = None,
     ) -> Answer:
         """The numbers of page ``key`` over ``runs`` (computed by ``compute`` on this thread);
         ``extra``: anything else they depend on (a training run's log files' sizes)."""

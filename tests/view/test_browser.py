@@ -191,7 +191,10 @@ def test_export_draws_offline_under_its_own_csp(browser: object, shots: Path, tm
     report = tmp_path / "report.html"
     write_export(open_runs([base, new], echo=lambda _: None), report)
     browser.get(report.as_uri())  # type: ignore[attr-defined]
-    assert len(browser.find_elements(By.CSS_SELECTOR, ".figure-static svg polyline, .figure-static svg rect")) > 2  # type: ignore[attr-defined]
+    assert (
+        len(browser.find_elements(By.CSS_SELECTOR, ".figure-static svg polyline, .figure-static svg rect"))
+        > 2
+    )  # type: ignore[attr-defined]
     assert browser.execute_script("return document.scripts.length") == 0  # type: ignore[attr-defined]
     text = browser.find_element(By.TAG_NAME, "main").text  # type: ignore[attr-defined]
     assert "solved → unsolved" in text and "example_single_tool_call_simple_agent" in text
@@ -262,7 +265,9 @@ def test_a_slow_page_shows_progress_then_its_numbers(browser: object, tmp_path: 
         asyncio.run(server.stop(timeout_s=10))
 
 
-def test_training_view_live_with_every_point_and_its_rollouts(browser: object, tmp_path: Path, shots: Path) -> None:
+def test_training_view_live_with_every_point_and_its_rollouts(
+    browser: object, tmp_path: Path, shots: Path
+) -> None:
     folder = tmp_path / "train_grpo"
     done = grow(folder, 0, 12)
     server = ThreadServer(create_app(find_runs([folder]), wait_s=30))

@@ -8,12 +8,12 @@ from typing import Any
 import orjson
 import pytest
 
+from polygym.collect.statistics import mean_interval as estimate
 from polygym.row import ALL_ENVS
 from polygym.view.conversation import MAX_TEXT, conversation, count_turns
 from polygym.view.index import open_index
 from polygym.view.query import QueryError, page_of, parse_filter, select
 from polygym.view.runs import RunNotFoundError, discover
-from polygym.collect.statistics import mean_interval as estimate
 from polygym.view.stats import compare_indexes, env_tasks, flips, rollup, rows_by_env, summarize
 from polygym.view.tail import JsonlTail
 

@@ -42,7 +42,9 @@ def _rollout(env: str, agent: str, task: int, repeat: int, reward: float, answer
     return {
         "responses_create_params": {"input": [{"role": "user", "content": f"{env} question {task}"}]},
         "response": {
-            "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}],
+            "output": [
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}
+            ],
             "usage": {"input_tokens": 20, "output_tokens": 8, "total_tokens": 28},
         },
         "reward": reward,
@@ -64,8 +66,20 @@ def validate(folder: Path, step: int, final: bool = False) -> None:
             rows.append(_rollout(env, agent, task, 0, reward, answer))
             rewards.append(reward)
             task += 1
-        curve.append({"step": step, "env": env, "eval_only": env in WATCHED, "reward_mean": sum(rewards) / len(rewards), "n": len(rewards)})
-    name = "validation_after.jsonl" if final else ("validation_before.jsonl" if step == 0 else f"validation/step_{step}.jsonl")
+        curve.append(
+            {
+                "step": step,
+                "env": env,
+                "eval_only": env in WATCHED,
+                "reward_mean": sum(rewards) / len(rewards),
+                "n": len(rewards),
+            }
+        )
+    name = (
+        "validation_after.jsonl"
+        if final
+        else ("validation_before.jsonl" if step == 0 else f"validation/step_{step}.jsonl")
+    )
     _append(folder / name, rows)
     _append(folder / "validation.jsonl", curve)
 
@@ -77,13 +91,40 @@ def train_step(folder: Path, step: int) -> None:
         reward = min(0.9, 0.1 + step / 40) * (1.0 if i == 0 else 0.7)
         masked = 0.5 if env == "guess_number" and step == 5 else 0.0
         lines.append(
-            {"step": step, "env": env, "agent": agent, "target_share": 0.5, "planned_share": 0.5,
-             "realized_share": realized, "prompts": 2, "rollouts": 8, "completed": 8, "failures": 0,
-             "stragglers": 0, "reward_mean": reward, "tokens": 400 + 40 * i, "masked_share": masked,
-             "masked_alarm": int(masked > 0.25)}
+            {
+                "step": step,
+                "env": env,
+                "agent": agent,
+                "target_share": 0.5,
+                "planned_share": 0.5,
+                "realized_share": realized,
+                "prompts": 2,
+                "rollouts": 8,
+                "completed": 8,
+                "failures": 0,
+                "stragglers": 0,
+                "reward_mean": reward,
+                "tokens": 400 + 40 * i,
+                "masked_share": masked,
+                "masked_alarm": int(masked > 0.25),
+            }
         )
-        rollouts += [_rollout(env, agent, step * 4 + p, r, float(r < 2), f"step {step}") for p in range(2) for r in range(4)]
-    lines.append({"step": step, "env": "_all", "agent": None, "target_share": 1.0, "planned_share": 1.0, "realized_share": 1.0, "reward_mean": 0.3})
+        rollouts += [
+            _rollout(env, agent, step * 4 + p, r, float(r < 2), f"step {step}")
+            for p in range(2)
+            for r in range(4)
+        ]
+    lines.append(
+        {
+            "step": step,
+            "env": "_all",
+            "agent": None,
+            "target_share": 1.0,
+            "planned_share": 1.0,
+            "realized_share": 1.0,
+            "reward_mean": 0.3,
+        }
+    )
     _append(folder / "rollouts" / "train.jsonl", rollouts)
     _append(folder / "train_log.jsonl", lines)
 
@@ -98,7 +139,10 @@ def grow(folder: Path, done: int, upto: int) -> int:
         train_step(folder, step)
     if upto == STEPS:
         validate(folder, STEPS, final=True)
-        summary = {"settings": {"max_regression": {"mcqa": 0.05}, "steps": STEPS}, "validation_regressions": []}
+        summary = {
+            "settings": {"max_regression": {"mcqa": 0.05}, "steps": STEPS},
+            "validation_regressions": [],
+        }
         (folder / "summary.json").write_bytes(orjson.dumps(summary))
     return upto
 
