@@ -9,6 +9,7 @@ its own small tag set, and names here are environment names from the run, escape
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -173,8 +174,9 @@ def validation_figure(validation: dict[str, dict[str, float]]) -> dict[str, Any]
     }
 
 
-def validation_curves(points: list[Point]) -> dict[str, Any]:
-    """Every validation point of every environment; watched (``eval_only``) ones dashed."""
+def validation_curves(points: list[Point], alarmed: Collection[tuple[int, str]] = ()) -> dict[str, Any]:
+    """Every validation point of every environment; watched (``eval_only``) ones dashed, points
+    with a regression alarm (``alarmed``: (step, environment)) marked by a red cross."""
     envs = sorted({p.env for p in points})
     colour = {e: PALETTE[i % len(PALETTE)] for i, e in enumerate(envs)}
     data = []
@@ -193,6 +195,20 @@ def validation_curves(points: list[Point]) -> dict[str, Any]:
                 "<extra>%{fullData.name}</extra>",
                 "line": {"color": colour[env], **({"dash": "dash"} if watched else {})},
                 "marker": {"color": colour[env], "size": 8},
+            }
+        )
+    marked = [p for p in points if (p.step, p.env) in alarmed]
+    if marked:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "regression alarm",
+                "x": [p.step for p in marked],
+                "y": [p.reward_mean for p in marked],
+                "text": [p.env for p in marked],
+                "hovertemplate": "%{text}: regression alarm at step %{x}<extra></extra>",
+                "marker": {"color": "#c62828", "symbol": "x", "size": 14, "line": {"width": 2}},
             }
         )
     return {

@@ -32,7 +32,7 @@ from polygym.view.stats import (
     summarize,
 )
 from polygym.view.steps import read_steps, read_validation
-from polygym.view.training import Training, read_training
+from polygym.view.training import REGRESSION, Training, read_training
 
 PREVIEW_CHARS = 140
 DASH = "\u2013"
@@ -254,7 +254,8 @@ def training_page(index: RunIndex, points: Mapping[int, tuple[int, RunIndex]]) -
     assert source.folder is not None
     training: Training = read_training(source.folder, source.steps)
     series = read_steps(source.steps)
-    figures = [charts.validation_curves(training.points)] if training.points else []
+    alarmed = {(a.step, a.env) for a in training.alarms if a.kind == REGRESSION}
+    figures = [charts.validation_curves(training.points, alarmed)] if training.points else []
     if series:
         figures.append(charts.planned_vs_realized(series))
         figures.append(charts.step_figures(series, {})[0])

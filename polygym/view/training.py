@@ -35,6 +35,7 @@ from polygym.row import ALL_ENVS, ENV_FIELD
 CURVES = "validation.jsonl"
 BEFORE, AFTER = "validation_before.jsonl", "validation_after.jsonl"
 STEP_FILE = re.compile(r"step_(\d+)\.jsonl")
+REGRESSION = "validation regression"
 
 
 def _number(value: Any) -> float | None:
@@ -169,7 +170,7 @@ def regression_alarms(training: Training) -> list[Alarm]:
                             f"validation reward {m.base:.3f} → {m.new:.3f} since step 0; the 95% interval "
                             f"of the change [{m.low:+.3f}, {m.high:+.3f}] lies below -{limit:g}"
                         )
-                        out.append(Alarm(step, env, "validation regression", text))
+                        out.append(Alarm(step, env, REGRESSION, text))
     return out
 
 

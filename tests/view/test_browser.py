@@ -298,7 +298,13 @@ def test_training_view_live_with_every_point_and_its_rollouts(
             "step 24 · mcqa · validation regression",
         ]
         legend = {t.text for t in browser.find_elements(By.CSS_SELECTOR, ".figures .legendtext")}  # type: ignore[attr-defined]
-        assert {"arithmetic", "guess_number", "mcqa (watched)", "arithmetic planned"} <= legend
+        assert {
+            "arithmetic",
+            "guess_number",
+            "mcqa (watched)",
+            "regression alarm",
+            "arithmetic planned",
+        } <= legend
         browser.save_screenshot(str(shots / "training_ended.png"))  # type: ignore[attr-defined]
         no_console_errors(browser)
         row = browser.find_element(By.CSS_SELECTOR, 'table.validation tr[data-step="16"]')  # type: ignore[attr-defined]

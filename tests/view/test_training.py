@@ -39,7 +39,9 @@ def test_training_view_follows_the_run_as_it_goes(tmp_path: Path) -> None:
     page = client.get("/run/0/training").text
     assert "ended" in page and 'data-step="24"' in page
     curves = _figures(page)[0]
-    assert all(t["x"] == [0, 8, 16, 24] for t in curves["data"])
+    *lines, alarms = curves["data"]
+    assert all(t["x"] == [0, 8, 16, 24] for t in lines)
+    assert alarms["name"] == "regression alarm" and alarms["x"] == [16, 24] and alarms["text"] == ["mcqa"] * 2
     # mcqa forgot after step 8: an alarm at 16 and at 24, at the run's own limit (summary.json)
     assert re.findall(r"step (\d+) · (\w+) · validation regression", page) == [("16", "mcqa"), ("24", "mcqa")]
     assert "below -0.05" in page
