@@ -23,6 +23,7 @@ index, ``polygym.collect.compare.task_identity``); this module only needs them h
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 import random
 import statistics
@@ -32,11 +33,6 @@ from itertools import islice
 from typing import Generic, TypeVar
 
 from polygym.row import PASS_THRESHOLD
-
-try:
-    import numpy as np
-except ImportError:  # the slim core: pure-Python draws (see Resampler)
-    np = None  # type: ignore[assignment]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -148,13 +144,14 @@ class Resampler:
         found = self._means.get(key)
         if found is None:
             seed = self._stream_seed(stratum, len(key[1]))
-            draw = _numpy_means if np is not None else _python_means
+            draw = _numpy_means if importlib.util.find_spec("numpy") is not None else _python_means
             found = self._means[key] = draw(key[1], seed, self.resamples)
         return found
 
 
 def _numpy_means(values: tuple[float, ...], seed: int, resamples: int) -> list[float]:
-    assert np is not None
+    import numpy as np  # here, not at the top: every `gym` command imports this module
+
     n = len(values)
     data = np.asarray(values, dtype=np.float64)
     rng = np.random.default_rng(seed)
