@@ -35,7 +35,7 @@ from view_pages import write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 WAITING = 'id="progress"'
-DEADLINE_S = 900.0
+DEADLINE_S = 1800.0
 
 
 def _rss(process: psutil.Process) -> int:
@@ -115,7 +115,7 @@ def ensure_run(path: Path, rows: int, seed: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rows", type=int, default=100_000, help="0: skip the two runs")
     parser.add_argument("--big-rows", type=int, default=1_000_000, help="0: skip the large run")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/view_scale"))
     parser.add_argument(
@@ -124,26 +124,34 @@ def main() -> None:
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     base, new, big = args.dir / "base.jsonl", args.dir / "new.jsonl", args.dir / "big.jsonl"
-    ensure_run(base, args.rows, 1)
-    ensure_run(new, args.rows, 2)
-    viewer = Viewer([base, new], args.pythonpath)
+    if args.rows:
+        pair(base, new, args.rows, args.pythonpath)
+    if args.big_rows:
+        big_run(big, args.big_rows, args.pythonpath)
+
+
+def pair(base: Path, new: Path, rows: int, pythonpath: str) -> None:
+    ensure_run(base, rows, 1)
+    ensure_run(new, rows, 2)
+    viewer = Viewer([base, new], pythonpath)
     try:
         compare_s = viewer.until_shown("/compare/0/1", "Flips")
         print(
-            f"two {args.rows}-rollout runs: URL {viewer.url_s:.1f} s (target < 5),"
+            f"two {rows}-rollout runs: URL {viewer.url_s:.1f} s (target < 5),"
             f" Compare {compare_s:.1f} s (target < 10)"
         )
     finally:
         viewer.stop()
-    if not args.big_rows:
-        return
-    ensure_run(big, args.big_rows, 3)
-    viewer = Viewer([big], args.pythonpath)
+
+
+def big_run(big: Path, rows: int, pythonpath: str) -> None:
+    ensure_run(big, rows, 3)
+    viewer = Viewer([big], pythonpath)
     try:
         rows_s = viewer.until_shown("/run/0/rollouts", 'data-row="0"')
-        overview_s = viewer.until_shown("/run/0", "scored rollouts")
+        overview_s = viewer.until_shown("/run/0", "mean reward")
         print(
-            f"one {args.big_rows}-rollout run: URL {viewer.url_s:.1f} s, first rollout page {rows_s:.1f} s, "
+            f"one {rows}-rollout run: URL {viewer.url_s:.1f} s, first rollout page {rows_s:.1f} s, "
             f"Overview {overview_s:.1f} s, peak RSS {viewer.peak / 2**20:.0f} MiB"
         )
     finally:
