@@ -241,7 +241,7 @@ def summary_cells(s: EnvSummary) -> dict[str, str]:
 class ValidationRow:
     step: int
     run: int | None
-    """The viewer's run number of the rollouts behind this point (None: not written yet)."""
+    """The viewer's run number of the rollouts behind this point (None: no such file, yet)."""
     cells: dict[str, Any]
     """Environment -> ``{"mean", "n", "env"}`` (``env``: its name in that run's rows, to filter by)."""
     alarms: list[str]

@@ -68,4 +68,4 @@ def test_a_watch_folder_with_only_validation_curves_is_a_training_run(tmp_path: 
     client = TestClient(create_app(find_runs([folder]), wait_s=60))
     page = client.get("/run/0/training").text
     assert "&lt;b&gt;env&lt;/b&gt; <span" in page and "<b>env</b>" not in page
-    assert "not written yet" in page  # no rollouts file behind the point
+    assert "no rollouts file (yet)" in page  # no rollouts file behind the point
