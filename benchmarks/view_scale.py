@@ -9,6 +9,9 @@ subprocess, reads the URL it prints and times, from the start of the process:
 * **one 1,000,000-rollout run**: the URL, the first rollout list page, the Overview with its
   numbers, and the viewer's peak resident memory (``psutil``, its process and children).
 
+With each wall time the viewer's CPU seconds so far: on a machine shared with other work the wall
+times stretch, the CPU time does not.
+
 ``--pythonpath DIR`` runs another checkout's ``polygym`` (e.g. ``git archive`` of an older commit)
 for a before/after comparison; the process is stopped by its PID at the end.
 
@@ -91,6 +94,12 @@ class Viewer:
             time.sleep(0.25)
         raise TimeoutError(f"{path} not shown within {DEADLINE_S:.0f} s")
 
+    def cpu_s(self) -> float:
+        """CPU seconds the viewer has used so far: what the wall times cost on an idle machine
+        (a machine shared with other work stretches the wall times, not this)."""
+        times = psutil.Process(self.proc.pid).cpu_times()
+        return float(times.user + times.system)
+
     def stop(self) -> None:
         self._stop.set()
         self.proc.terminate()
@@ -138,7 +147,7 @@ def pair(base: Path, new: Path, rows: int, pythonpath: str) -> None:
         compare_s = viewer.until_shown("/compare/0/1", "Flips")
         print(
             f"two {rows}-rollout runs: URL {viewer.url_s:.1f} s (target < 5),"
-            f" Compare {compare_s:.1f} s (target < 10)"
+            f" Compare {compare_s:.1f} s (target < 10), viewer CPU {viewer.cpu_s():.1f} s"
         )
     finally:
         viewer.stop()
@@ -152,7 +161,8 @@ def big_run(big: Path, rows: int, pythonpath: str) -> None:
         overview_s = viewer.until_shown("/run/0", "mean reward")
         print(
             f"one {rows}-rollout run: URL {viewer.url_s:.1f} s, first rollout page {rows_s:.1f} s, "
-            f"Overview {overview_s:.1f} s, peak RSS {viewer.peak / 2**20:.0f} MiB"
+            f"Overview {overview_s:.1f} s (viewer CPU {viewer.cpu_s():.1f} s), "
+            f"peak RSS {viewer.peak / 2**20:.0f} MiB"
         )
     finally:
         viewer.stop()
