@@ -94,7 +94,7 @@ def main() -> None:
     began = time.perf_counter()
     indexes = open_runs([base, new], echo=lambda _: None)
     print(f"index 2 x {args.rows} rows + overviews + comparison: {time.perf_counter() - began:.2f} s")
-    client = TestClient(create_app(indexes))
+    client = TestClient(create_app(indexes, wait_s=600))  # each page with its numbers
     far = args.rows // 50 // 2
     pages = [
         ("overview (first paint)", "/run/0"),

@@ -23,6 +23,7 @@ from polygym.collect.compare import (
     CompareError,
     Comparison,
     MetricDelta,
+    TaskId,
     compare,
 )
 from polygym.row import env_label
@@ -173,8 +174,8 @@ def _status(env_status: str, m: MetricDelta) -> str:
     return "regression" if m.regression else env_status if env_status in ("missing", "added") else ""
 
 
-def _flips_line(lost: list[int], gained: list[int]) -> str:
-    def head(count: str, tasks: list[int]) -> str:
+def _flips_line(lost: list[TaskId], gained: list[TaskId]) -> str:
+    def head(count: str, tasks: list[TaskId]) -> str:
         if not tasks:
             return f"0 {count}"
         shown = ", ".join(str(t) for t in tasks[:MAX_FLIPS_SHOWN])

@@ -33,7 +33,7 @@ def view(paths: tuple[Path, ...], port: int, export_path: Path | None) -> None:
     try:
         from polygym.view.export import write_export
         from polygym.view.runs import RunNotFoundError
-        from polygym.view.viewer import open_runs, serve
+        from polygym.view.viewer import find_runs, open_runs, serve
     except ImportError as exc:
         fail(
             f"gym view needs the [view] extra ({exc.name} is missing): pip install 'polygym[view]'",
@@ -42,14 +42,18 @@ def view(paths: tuple[Path, ...], port: int, export_path: Path | None) -> None:
     if export_path is not None and port:
         fail("--port and --export cannot be used together (an export serves nothing)", EXIT_USAGE)
     try:
-        indexes = open_runs(paths, echo=lambda line: click.echo(line, err=True))
+        if export_path is not None:
+            indexes = open_runs(paths, echo=lambda line: click.echo(line, err=True))
+        else:
+            indexes = find_runs(paths)  # read after the URL is printed, page by page
     except RunNotFoundError as exc:
         fail(str(exc), EXIT_USAGE)
     if export_path is not None:
         size = write_export(indexes, export_path)
-        click.echo(f"wrote {export_path} ({size / 1e6:.1f} MB, self-contained)")
+        click.echo(f"wrote {export_path} ({size / 1e3:.0f} KB, self-contained)")
         return
     try:
         run_async(until_interrupted(serve(indexes, port, echo=lambda line: click.echo(line))))
-    except Interrupted:
+    except (Interrupted, KeyboardInterrupt):
+        click.echo("gym view: stopped", err=True)
         raise SystemExit(EXIT_INTERRUPTED) from None

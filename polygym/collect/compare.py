@@ -5,9 +5,15 @@ a single averaged number hides exactly that. ``compare`` lines up the runs per a
 one environment) and, for every quality metric, gives the candidate-minus-base delta **with a
 confidence interval** when the runs' rollout files are there (``X.jsonl`` next to
 ``X_aggregate_metrics.json``): each task's rollouts are averaged into one value per task, the tasks
-both runs ran are paired by ``_ng_task_index`` and a seeded paired bootstrap gives the interval
-(Welch's t interval when the runs share no task; ``polygym.collect.statistics``). With only the
-metrics file there is no per-task value, so the delta is a point estimate and says so.
+both runs ran are paired by their identity (``task_identity``: ``_ng_task_index``, as the run's
+metrics file groups them) and a seeded paired bootstrap gives the interval (Welch's t interval when
+the runs share no task; ``polygym.collect.statistics``). With only the metrics file there is no
+per-task value, so the delta is a point estimate and says so. A base or new value computed from
+rollouts is the metrics file's: ``mean/reward`` the mean over scored rollouts, ``pass@k`` the mean
+over tasks (``run_value``); a delta is always the mean over paired tasks of each task's change
+(the same thing when every task has as many rollouts). Rollouts a verifier masked
+(``mask_sample``) are left out, as the metrics file leaves them out. ``gym view`` compares with
+this module too (``compare_runs`` on the runs it indexed), so its numbers are these.
 
 **Regression** (``threshold`` absolute, default 0.02): a judged metric regressed when its whole
 interval lies below ``-threshold``, i.e. its upper bound is below ``-threshold``: the drop is
@@ -31,9 +37,12 @@ A rollouts file without a metrics file is aggregated on the fly.
 from __future__ import annotations
 
 import fnmatch
+import functools
+import hashlib
+import math
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,12 +55,16 @@ from polygym.jsonl import iter_jsonl
 from polygym.row import ALL_ENVS, PASS_THRESHOLD, TASK_INDEX, env_label, reward
 
 METRICS_SUFFIX = "_aggregate_metrics.json"
-DEFAULT_METRICS = ("mean/reward", "pass@*", "majority@*")
+REWARD = "mean/reward"
+DEFAULT_METRICS = (REWARD, "pass@*", "majority@*")
 DEFAULT_THRESHOLD = 0.02
 NOT_JUDGED = ("num_*", "std/*", "min/*", "max/*", "median/*", "latency/*", "*usage/*", "*tokens*")
 
-Tasks = dict[int, list[float]]
-"""One environment's rollouts: the rewards of each task index."""
+TaskId = int | str
+Tasks = dict[TaskId, list[float]]
+"""One environment's rollouts: the rewards of each task (``task_identity``)."""
+PROMPT_TASK = "prompt:"
+"""The prefix of a task identity made from the prompt (rows without ``_ng_task_index``)."""
 
 
 class CompareError(Exception):
@@ -78,9 +91,9 @@ class EnvComparison:
     """``ok``, ``regression``, ``missing`` (only in base) or ``added`` (only in new)."""
     metrics: list[MetricDelta] = field(default_factory=list)
     paired_tasks: int = 0
-    lost: list[int] = field(default_factory=list)
-    """Task indices solved in base and not in the candidate."""
-    gained: list[int] = field(default_factory=list)
+    lost: list[TaskId] = field(default_factory=list)
+    """Tasks (``task_identity``) solved in base and not in the candidate."""
+    gained: list[TaskId] = field(default_factory=list)
     note: str = ""
 
 
@@ -152,6 +165,13 @@ class EnvRun:
     metrics: dict[str, float]
     tasks: Tasks | None
     """None when the run's rollouts file is absent."""
+    _values: dict[str, dict[TaskId, float]] | None = field(default=None, repr=False)
+
+    def values(self) -> dict[str, dict[TaskId, float]]:
+        """``task_values`` of the run's tasks, computed once (every metric and the roll-up use them)."""
+        if self._values is None:
+            self._values = task_values(self.tasks) if self.tasks is not None else {}
+        return self._values
 
 
 def _metrics_files(path: Path) -> list[Path]:
@@ -175,17 +195,35 @@ def _agent(row: dict[str, Any]) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def task_identity(row: Mapping[str, Any]) -> TaskId:
+    """The task a rollout belongs to, the one identity ``gym eval run``'s metrics, ``gym eval
+    compare`` and ``gym view`` share: ``_ng_task_index`` (what ``gym eval run`` and NeMo Gym write,
+    the same for every repeat of one input row). A row without it (a file made by another tool) is
+    identified by its prompt, ``"prompt:"`` and a digest of ``responses_create_params.input``:
+    seeded or game environments whose rows share one prompt then count as one task, so the index
+    is always preferred."""
+    task = row.get(TASK_INDEX)
+    if isinstance(task, int) and not isinstance(task, bool):
+        return task
+    params = row.get("responses_create_params")
+    prompt = params.get("input") if isinstance(params, Mapping) else None
+    digest = hashlib.blake2b(orjson.dumps(prompt, option=orjson.OPT_SORT_KEYS), digest_size=8)
+    return PROMPT_TASK + digest.hexdigest()
+
+
 def read_rollouts(path: Path) -> tuple[dict[str, Tasks], list[dict[str, Any]]]:
-    """Rewards by agent and task index, plus the rows (rows without an agent or a task index are
-    left out: they cannot be paired)."""
+    """Rewards by agent and task (``task_identity``), plus the rows. Rows without an agent are left
+    out (they belong to no environment); masked rows (``mask_sample``) are rows but not rewards,
+    as in the metrics file."""
     tasks: dict[str, Tasks] = defaultdict(lambda: defaultdict(list))
     rows = []
     for row in iter_jsonl(path):
-        agent, task = _agent(row), row.get(TASK_INDEX)
-        if agent is None or not isinstance(task, int) or isinstance(task, bool):
+        agent = _agent(row)
+        if agent is None:
             continue
-        tasks[agent][task].append(reward(row))
         rows.append(row)
+        if not row.get(run_metrics.MASK_SAMPLE):
+            tasks[agent][task_identity(row)].append(reward(row))
     return {a: dict(t) for a, t in tasks.items()}, rows
 
 
@@ -214,7 +252,7 @@ def _read_file(file: Path) -> list[tuple[str, EnvRun]]:
         if metrics_file.is_file():
             return [(n, EnvRun(_numeric(v), tasks.get(n))) for n, v in _entries(metrics_file)]
         if not tasks:
-            raise CompareError(f"{file}: no rollouts with agent_ref.name and {TASK_INDEX}")
+            raise CompareError(f"{file}: no rollouts with agent_ref.name")
         by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for row in rows:
             by_agent[str(_agent(row))].append(row)
@@ -245,17 +283,43 @@ def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
-def task_values(tasks: Tasks) -> dict[str, dict[int, float]]:
+def task_values(tasks: Tasks) -> dict[str, dict[TaskId, float]]:
     """``metric -> task -> value`` for the metrics that exist per task, named as in the metrics file
     (pass@k only for tasks with at least k rollouts)."""
-    out: dict[str, dict[int, float]] = defaultdict(dict)
+    out: dict[str, dict[TaskId, float]] = defaultdict(dict)
+    reward, average = out[REWARD], out["pass@1[avg-of-k]"]
     for task, rewards in tasks.items():
         n, c = len(rewards), sum(r >= PASS_THRESHOLD for r in rewards)
-        out["mean/reward"][task] = statistics.fmean(rewards)
-        out["pass@1[avg-of-k]"][task] = c / n
-        for k in run_metrics.k_values(n):
-            out[f"pass@{k}"][task] = run_metrics.pass_at_k(n, c, k)
+        reward[task] = math.fsum(rewards) / n
+        average[task] = c / n
+        for name, value in _pass_rates(n, c):
+            out[name][task] = value
     return dict(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pass_rates(n: int, c: int) -> tuple[tuple[str, float], ...]:
+    """``pass@k`` of a task with ``n`` rollouts, ``c`` passing (few distinct pairs in a run)."""
+    return tuple((f"pass@{k}", run_metrics.pass_at_k(n, c, k)) for k in run_metrics.k_values(n))
+
+
+def run_value(metric: str, tasks: Tasks, values: dict[TaskId, float]) -> float:
+    """One run's value of a per-task metric, as its metrics file has it: ``mean/reward`` over the
+    scored rollouts (a task with more rollouts weighs more: identical input rows share a task),
+    the others (``pass@k``...) over tasks."""
+    if metric == REWARD:
+        return math.fsum(math.fsum(r) for r in tasks.values()) / sum(map(len, tasks.values()))
+    return statistics.fmean(values.values())
+
+
+def task_summary(tasks: Tasks, values: dict[str, dict[TaskId, float]] | None = None) -> dict[str, float]:
+    """One environment's numbers from its tasks as its metrics file has them (``run_value``):
+    ``mean/reward``, ``pass@1[avg-of-k]`` and the ``pass@k`` every task has, with ``num_tasks``
+    and ``num_rollouts`` (``values``: the tasks' ``task_values``, when already computed)."""
+    values = task_values(tasks) if values is None else values
+    out = {"num_tasks": float(len(tasks)), "num_rollouts": float(sum(map(len, tasks.values())))}
+    out.update({m: run_value(m, tasks, v) for m, v in values.items() if len(v) == len(tasks)})
+    return out
 
 
 def _selected(names: set[str], patterns: Sequence[str]) -> list[str]:
@@ -307,15 +371,15 @@ def _env_comparison(env: str, base: EnvRun | None, new: EnvRun | None, cfg: Sett
             for m in _selected(set(only.metrics), cfg.patterns)
         ]
         return EnvComparison(env, "missing" if new is None else "added", deltas)
-    bv = task_values(base.tasks) if base.tasks is not None else {}
-    nv = task_values(new.tasks) if new.tasks is not None else {}
+    bv, nv = base.values(), new.values()
     deltas = []
     b: float | None
     n: float | None
     for metric in _selected(set(base.metrics) | set(new.metrics) | set(bv) | set(nv), cfg.patterns):
         if metric in bv and metric in nv:
             est = stats.delta(bv[metric], nv[metric], cfg.confidence, cfg.resampler, env)
-            b, n = statistics.fmean(bv[metric].values()), statistics.fmean(nv[metric].values())
+            b = run_value(metric, base.tasks or {}, bv[metric])
+            n = run_value(metric, new.tasks or {}, nv[metric])
         else:
             b, n = base.metrics.get(metric), new.metrics.get(metric)
             point = n - b if b is not None and n is not None else None
@@ -338,11 +402,7 @@ def _rollup(base: dict[str, EnvRun], new: dict[str, EnvRun], envs: list[str], cf
         set().union(*(base[e].metrics.keys() & new[e].metrics.keys() for e in envs)), cfg.patterns
     )
     paired = all(base[e].tasks is not None and new[e].tasks is not None for e in envs)
-    values = (
-        {e: (task_values(base[e].tasks or {}), task_values(new[e].tasks or {})) for e in envs}
-        if paired
-        else {}
-    )
+    values = {e: (base[e].values(), new[e].values()) for e in envs} if paired else {}
     deltas = []
     for metric in names:
         if not all(metric in base[e].metrics and metric in new[e].metrics for e in envs):
@@ -355,8 +415,8 @@ def _rollup(base: dict[str, EnvRun], new: dict[str, EnvRun], envs: list[str], cf
             strata[e] = [nv[k] - bv[k] for k in bv if k in nv]  # delta()'s order: the same draws
         if paired and all(strata.values()):
             est = stats.paired_bootstrap(strata, cfg.confidence, cfg.resampler)
-            b = statistics.fmean(statistics.fmean(values[e][0][metric].values()) for e in envs)
-            n = statistics.fmean(statistics.fmean(values[e][1][metric].values()) for e in envs)
+            b = statistics.fmean(run_value(metric, base[e].tasks or {}, values[e][0][metric]) for e in envs)
+            n = statistics.fmean(run_value(metric, new[e].tasks or {}, values[e][1][metric]) for e in envs)
         else:
             est = stats.Estimate(n - b, None, None, 0)
         deltas.append(_metric_delta(metric, b, n, est, cfg))
@@ -368,15 +428,14 @@ def _only(run: dict[str, EnvRun], agents: Sequence[str]) -> dict[str, EnvRun]:
 
 
 def _candidate(
-    base: dict[str, EnvRun], new_path: Path, cfg: Settings, agents: Sequence[str]
+    base: dict[str, EnvRun], name: str, new: dict[str, EnvRun], cfg: Settings
 ) -> CandidateComparison:
-    new = _only(load_run(new_path), agents)
     envs = [*sorted(base), *sorted(k for k in new if k not in base)]
     rows = [_env_comparison(e, base.get(e), new.get(e), cfg) for e in envs]
     shared = sorted(set(base) & set(new))
     if len(shared) > 1:
         rows.append(_rollup(base, new, shared, cfg))
-    return CandidateComparison(str(new_path), rows)
+    return CandidateComparison(name, rows)
 
 
 def compare(
@@ -405,13 +464,29 @@ def compare(
     paths = [candidates] if isinstance(candidates, Path) else list(candidates)
     if not paths:
         raise CompareError("no candidate run to compare with the base")
-    cfg = Settings(metrics, threshold, confidence, stats.Resampler(resamples, seed))
     base = load_run(base_path)
     unknown = [a for a in agents if a not in base]
     if unknown:
         raise CompareError(
             f"{base_path}: no environment {', '.join(unknown)} (it has: {', '.join(sorted(base))})"
         )
-    base = _only(base, agents)
-    results = [_candidate(base, p, cfg, agents) for p in paths]
-    return Comparison(str(base_path), results, threshold, confidence, resamples, seed)
+    news = [(str(p), _only(load_run(p), agents)) for p in paths]
+    return compare_runs(
+        str(base_path), _only(base, agents), news, threshold, metrics, confidence, resamples, seed
+    )
+
+
+def compare_runs(
+    base_name: str,
+    base: dict[str, EnvRun],
+    candidates: Sequence[tuple[str, dict[str, EnvRun]]],
+    threshold: float = DEFAULT_THRESHOLD,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    confidence: float = stats.DEFAULT_CONFIDENCE,
+    resamples: int = stats.DEFAULT_RESAMPLES,
+    seed: int = stats.DEFAULT_SEED,
+) -> Comparison:
+    """``compare`` on runs already read (``environment -> EnvRun``), e.g. by ``gym view``'s index."""
+    cfg = Settings(metrics, threshold, confidence, stats.Resampler(resamples, seed))
+    results = [_candidate(base, name, new, cfg) for name, new in candidates]
+    return Comparison(base_name, results, threshold, confidence, resamples, seed)

@@ -5,13 +5,19 @@ index, never a path, so the files ``polygym.view.runs.discover`` found are all t
 static files are a fixed list from the package. Only GET and HEAD are answered; a query string
 over 4 KB is refused. Every page carries a Content-Security-Policy that allows scripts from this
 server only (no inline script, no eval), ``nosniff`` and ``frame-ancestors 'none'``, so even a
-rendering bug could not run a rollout's ``<script>``. Each request first reads what the runs'
-files gained since the last one (``RunIndex.refresh``): a run still being written shows its new rows.
+rendering bug could not run a rollout's ``<script>``.
+
+Pages never compute on the event loop: the runs are read and every page's numbers computed on the
+viewer's worker thread (``polygym.view.work``). A page whose numbers take longer than ``WAIT_S``
+shows what the worker is doing instead (``waiting.html``), and reloads when they are ready; a run
+still being written is read again on each request, so its pages show its new rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable, MutableMapping
+from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -29,8 +35,14 @@ from polygym.servers.cross_site import CrossSitePolicy
 from polygym.view import charts, pages
 from polygym.view.index import RunIndex
 from polygym.view.query import QueryError
+from polygym.view.runs import discover
+from polygym.view.svg import figure_svg
+from polygym.view.training import point_files, read_curves, signature
+from polygym.view.work import Worker
 
 MAX_QUERY_BYTES = 4096
+WAIT_S = 1.0
+"""How long a page waits for its numbers before it shows progress instead."""
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -73,25 +85,57 @@ def templates() -> Environment:
     env.filters["embed_json"] = embed_json
     env.filters["env_label"] = env_label
     env.filters["fmt"] = pages.fmt
+    env.filters["svg"] = figure_svg
     env.globals.update(ALL_ENVS=ALL_ENVS, cells=pages.summary_cells)
     return env
 
 
 class ViewerState:
-    """The runs' indexes, each brought up to date with its files before a page uses it."""
+    """The runs' indexes and the worker that reads them and computes the pages' numbers.
+
+    The runs named on the command line come first; the validation rollouts of a training run are
+    runs too, added as their files appear (``validation_runs``), so each validation point links
+    to its rollouts with every page a run has."""
 
     def __init__(self, indexes: list[RunIndex]) -> None:
         self.indexes = indexes
+        self.named = len(indexes)
+        self.worker = Worker(indexes)
+        self._points: dict[tuple[int, Path], int] = {}
+        for number in range(len(indexes)):
+            self.worker.refresh(number)
+
+    def validation_runs(self, number: int) -> dict[int, tuple[int, RunIndex]]:
+        """Validation step -> (run number, index) of the rollouts behind it, for training run ``number``."""
+        source = self.indexes[number].source
+        if source.folder is None:
+            return {}
+        out = {}
+        for step, path in point_files(source.folder, [p.step for p in read_curves(source.folder)]).items():
+            found = self._points.get((number, path))
+            if found is None:
+                name = f"{source.name} · validation at step {step}"
+                found = self._points[(number, path)] = len(self.indexes)
+                self.indexes.append(RunIndex(replace(discover(path), name=name)))
+            out[step] = (found, self.indexes[found])
+        return out
 
     def run(self, number: int) -> RunIndex:
         if not 0 <= number < len(self.indexes):
             raise LookupError(f"no run {number}")
-        self.indexes[number].refresh()
+        self.worker.refresh(number)
         return self.indexes[number]
 
     def live(self, index: RunIndex) -> bool:
-        """A run is taken as still being written until its metrics file exists."""
-        return not index.source.metrics.is_file()
+        """A run is taken as still being written until its metrics file (a training run: its
+        ``summary.json``) exists."""
+        return not index.source.ended.is_file() or not index.loaded
+
+    def version(self, index: RunIndex) -> str:
+        """Changes whenever a live page has something new to show (its rows, a training run's logs)."""
+        folder = index.source.folder
+        extra = signature(folder, index.source.steps) if folder is not None else ()
+        return f"{len(index)}:{hash(extra) & 0xFFFFFFFF:x}"
 
 
 def guard(app: ASGI) -> ASGI:
@@ -133,13 +177,44 @@ def guard(app: ASGI) -> ASGI:
     return guarded
 
 
-def create_app(indexes: list[RunIndex]) -> ASGI:
+def create_app(indexes: list[RunIndex], wait_s: float = WAIT_S) -> ASGI:
     state = ViewerState(indexes)
     jinja = templates()
 
+    async def numbers(
+        key: str, runs: list[int], what: str, compute: Callable[[], Any], extra: Hashable = None
+    ) -> tuple[Any, bool]:
+        """The page's numbers and whether they are older than the runs, waiting ``wait_s`` at
+        most for the current ones; (None, False): nothing to show yet, show progress instead."""
+        answer = state.worker.ask(key, runs, what, compute, extra)
+        future = state.worker.future(key)
+        if (answer.value is None or answer.stale) and future is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), wait_s)
+            except TimeoutError:
+                return answer.value, answer.stale
+            answer = state.worker.ask(key, runs, what, compute, extra)
+        return answer.value, answer.stale
+
+    def updating(stale: bool) -> dict[str, Any]:
+        """Numbers older than the runs: said on the page, which reloads at its next poll."""
+        return {"stale": True, "live": True, "live_version": "updating"} if stale else {"stale": False}
+
+    def waiting(request: Request, key: str, runs: list[int], title: str) -> Response:
+        return render(
+            request,
+            "waiting.html",
+            title=title,
+            key=key,
+            runs_waited=",".join(map(str, runs)),
+            progress=state.worker.progress(runs),
+        )
+
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         runs = [(i, x.source) for i, x in enumerate(state.indexes)]
-        html = jinja.get_template(name).render(runs=runs, path=request.url.path, export=False, **context)
+        html = jinja.get_template(name).render(
+            runs=runs, nav_runs=runs[: state.named], path=request.url.path, export=False, **context
+        )
         return Response(html, status, media_type="text/html; charset=utf-8")
 
     def run_context(number: int) -> dict[str, Any]:
@@ -150,6 +225,7 @@ def create_app(indexes: list[RunIndex]) -> ASGI:
             "source": index.source,
             "live": state.live(index),
             "row_count": len(index),
+            "live_version": state.version(index),
         }
 
     async def home(request: Request) -> Response:
@@ -157,7 +233,13 @@ def create_app(indexes: list[RunIndex]) -> ASGI:
 
     async def overview(request: Request) -> Response:
         ctx = run_context(request.path_params["run"])
-        return render(request, "overview.html", **ctx, **pages.overview(ctx["index"]))
+        key = f"overview/{ctx['run']}"
+        view, stale = await numbers(
+            key, [ctx["run"]], "computing the overview", lambda: pages.overview(ctx["index"])
+        )
+        if view is None:
+            return waiting(request, key, [ctx["run"]], f"{ctx['source'].name} · overview")
+        return render(request, "overview.html", **{**ctx, **updating(stale)}, **view)
 
     async def steps(request: Request) -> Response:
         ctx = run_context(request.path_params["run"])
@@ -186,7 +268,12 @@ def create_app(indexes: list[RunIndex]) -> ASGI:
 
     async def compare(request: Request) -> Response:
         base, new, a, b = pair(request)
-        return render(request, "compare.html", base=a, new=b, **pages.comparison(base, new))
+        key = f"compare/{a}/{b}"
+        what = "comparing (paired bootstrap over tasks)"
+        view, stale = await numbers(key, [a, b], what, lambda: pages.comparison(base, new))
+        if view is None:
+            return waiting(request, key, [a, b], "compare")
+        return render(request, "compare.html", base=a, new=b, **updating(stale), **view)
 
     async def compare_task(request: Request) -> Response:
         base, new, a, b = pair(request)
@@ -199,7 +286,29 @@ def create_app(indexes: list[RunIndex]) -> ASGI:
 
     async def count(request: Request) -> Response:
         index = state.run(request.path_params["run"])
-        return JSONResponse({"rows": len(index), "live": state.live(index)})
+        return JSONResponse({"rows": len(index), "live": state.live(index), "version": state.version(index)})
+
+    async def training(request: Request) -> Response:
+        ctx = run_context(request.path_params["run"])
+        if ctx["source"].folder is None:
+            return render(request, "error.html", 404, message=f"run {ctx['run']} is not a training run")
+        points = state.validation_runs(ctx["run"])
+        key = f"training/{ctx['run']}"
+        runs = [ctx["run"], *(number for number, _ in points.values())]
+        extra = signature(ctx["source"].folder, ctx["source"].steps)
+        view, stale = await numbers(
+            key, runs, "reading the training run", lambda: pages.training_page(ctx["index"], points), extra
+        )
+        if view is None:
+            return waiting(request, key, runs, f"{ctx['source'].name} · training")
+        return render(request, "training.html", **{**ctx, **updating(stale)}, **view)
+
+    async def progress(request: Request) -> Response:
+        """For a waiting page: how far the worker has got, and whether the page can be shown."""
+        runs = [int(r) for r in request.query_params.get("runs", "").split(",") if r.isdigit() and len(r) < 6]
+        runs = [r for r in runs if r < len(state.indexes)]
+        key = request.query_params.get("page", "")[:64]
+        return JSONResponse({"ready": state.worker.ready(key), **state.worker.progress(runs)})
 
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
@@ -216,9 +325,11 @@ def create_app(indexes: list[RunIndex]) -> ASGI:
         Route("/", home),
         Route("/run/{run:int}", overview),
         Route("/run/{run:int}/steps", steps),
+        Route("/run/{run:int}/training", training),
         Route("/run/{run:int}/rollouts", rollouts),
         Route("/run/{run:int}/rollouts/{row:int}", rollout),
         Route("/run/{run:int}/count.json", count),
+        Route("/progress.json", progress),
         Route("/compare/{base:int}/{new:int}", compare),
         Route("/compare/{base:int}/{new:int}/task/{key}", compare_task),
         Route("/static/{name}", static),

@@ -9,6 +9,7 @@ its own small tag set, and names here are environment names from the run, escape
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from polygym.row import ALL_ENVS, env_label
 from polygym.view.stats import EnvSummary
 from polygym.view.steps import Series
+from polygym.view.training import Point
 
 
 def plotly_js() -> Path:
@@ -170,3 +172,67 @@ def validation_figure(validation: dict[str, dict[str, float]]) -> dict[str, Any]
         "data": data,
         "layout": _layout("validation reward per environment", "reward", xaxis={"title": {"text": ""}}),
     }
+
+
+def validation_curves(points: list[Point], alarmed: Collection[tuple[int, str]] = ()) -> dict[str, Any]:
+    """Every validation point of every environment; watched (``eval_only``) ones dashed, points
+    with a regression alarm (``alarmed``: (step, environment)) marked by a red cross."""
+    envs = sorted({p.env for p in points})
+    colour = {e: PALETTE[i % len(PALETTE)] for i, e in enumerate(envs)}
+    data = []
+    for env in envs:
+        mine = [p for p in points if p.env == env]
+        watched = any(p.eval_only for p in mine)
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": f"{env} (watched)" if watched else env,
+                "x": [p.step for p in mine],
+                "y": [p.reward_mean for p in mine],
+                "customdata": [p.n for p in mine],
+                "hovertemplate": "step %{x}: %{y:.3f} over %{customdata} rollouts"
+                "<extra>%{fullData.name}</extra>",
+                "line": {"color": colour[env], **({"dash": "dash"} if watched else {})},
+                "marker": {"color": colour[env], "size": 8},
+            }
+        )
+    marked = [p for p in points if (p.step, p.env) in alarmed]
+    if marked:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": "regression alarm",
+                "x": [p.step for p in marked],
+                "y": [p.reward_mean for p in marked],
+                "text": [p.env for p in marked],
+                "hovertemplate": "%{text}: regression alarm at step %{x}<extra></extra>",
+                "marker": {"color": "#c62828", "symbol": "x", "size": 14, "line": {"width": 2}},
+            }
+        )
+    return {
+        "data": data,
+        "layout": _layout("validation reward per environment, every validation point", "reward"),
+    }
+
+
+def planned_vs_realized(series: dict[str, Series]) -> dict[str, Any]:
+    """Each environment's realized share of a step's rollouts (solid) against its plan (dotted):
+    ``planned_share`` where the step log has it (``gym train run``), else ``target_share``."""
+    envs = {env: s for env, s in series.items() if env != ALL_ENVS}
+    planned = (
+        "planned_share"
+        if any(v is not None for s in envs.values() for v in s.values["planned_share"])
+        else "target_share"
+    )
+    data = _lines(envs, "realized_share") + [
+        {
+            **trace,
+            "name": f"{trace['name']} planned",
+            "line": {**trace["line"], "dash": "dot"},
+            "mode": "lines",
+        }
+        for trace in _lines(envs, planned)
+    ]
+    return {"data": data, "layout": _layout("realized (solid) vs planned (dotted) share per step", "share")}

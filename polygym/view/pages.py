@@ -8,7 +8,7 @@ rollout's text reaches the browser only as escaped text.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,36 +16,29 @@ from urllib.parse import urlencode
 
 import orjson
 
-from polygym.collect.compare import CompareError, compare
-from polygym.row import ALL_ENVS, ENV_FIELD, INDEX_FIELDS, STEP_FIELD, env_label
+from polygym.row import ENV_FIELD, INDEX_FIELDS, STEP_FIELD
 from polygym.view import charts
 from polygym.view.conversation import MAX_TEXT, Block, conversation
 from polygym.view.index import RunIndex
 from polygym.view.query import Page, RowFilter, page_of, parse_filter, parse_page, select
-from polygym.view.stats import EnvSummary, compare_envs, env_rows, flips, summarize
+from polygym.view.stats import (
+    REWARD,
+    EnvSummary,
+    compare_indexes,
+    env_tasks,
+    flips,
+    rollup,
+    rows_by_env,
+    summarize,
+)
 from polygym.view.steps import read_steps, read_validation
+from polygym.view.training import REGRESSION, Training, read_training
 
 PREVIEW_CHARS = 140
 DASH = "\u2013"
 """What a table shows for a number it does not have."""
 MAX_FLIPS = 500
 HIDDEN_FIELDS = {"response", "responses_create_params", "agent_ref", *INDEX_FIELDS, ENV_FIELD, STEP_FIELD}
-
-
-_memo: dict[tuple[str, tuple[int, ...]], tuple[tuple[tuple[int, int], ...], Any]] = {}
-
-
-def _remembered(name: str, indexes: tuple[RunIndex, ...], compute: Callable[[], Any]) -> Any:
-    """The last result of ``compute`` for these indexes while none of them changed: the overview and
-    the comparison scan every row, and a person reloads them far more often than a run grows."""
-    key = (name, tuple(id(x) for x in indexes))
-    state = tuple((x.generation, len(x)) for x in indexes)
-    hit = _memo.get(key)
-    if hit is not None and hit[0] == state:
-        return hit[1]
-    value = compute()
-    _memo[key] = (state, value)
-    return value
 
 
 def latency_by_agent(metrics: Path) -> dict[str, dict[str, float]]:
@@ -67,24 +60,20 @@ def latency_by_agent(metrics: Path) -> dict[str, dict[str, float]]:
 
 
 def overview(index: RunIndex) -> dict[str, Any]:
-    return dict(_remembered("overview", (index,), lambda: _overview(index)))
-
-
-def _overview(index: RunIndex) -> dict[str, Any]:
+    """Per-environment numbers (``polygym.view.stats``), the (all) row when there are several."""
     latency = latency_by_agent(index.source.metrics)
-    rows = env_rows(index)
+    rows, tasks = rows_by_env(index), env_tasks(index)
     summaries = [
-        summarize(index, env, members, latency.get(env))
-        for env, members in sorted(rows.items(), key=lambda kv: (kv[0] == ALL_ENVS, kv[0]))
-        if env != ALL_ENVS or len(rows) > 2
+        summarize(index, env, rows[env], tasks.get(env, {}), latency.get(env)) for env in sorted(rows)
     ]
-    if len(rows) == 2:  # one environment: the roll-up is the same numbers again
-        summaries.append(summarize(index, ALL_ENVS, rows[ALL_ENVS], None))
+    envs = list(summaries)
+    if len(summaries) > 1:
+        summaries.append(rollup(index, summaries))
     ks = sorted({k for s in summaries for k in s.pass_at}, key=_k_order)
     return {
         "summaries": summaries,
         "pass_keys": ks,
-        "figure": charts.reward_bars([s for s in summaries if s.env != ALL_ENVS]),
+        "figure": charts.reward_bars(envs),
         "skipped": index.skipped,
     }
 
@@ -132,7 +121,7 @@ def list_row(index: RunIndex, i: int) -> ListRow:
         repeat=index.repeat[i],
         step=index.step[i],
         reward=index.reward[i],
-        failed=index.failed[i],
+        failed=bool(index.failed[i]),
         failure_class=index.classes[code] if code >= 0 else "",
         turns=index.turns[i],
         tokens=index.tokens[i],
@@ -170,12 +159,12 @@ def rollout_detail(index: RunIndex, i: int) -> dict[str, Any]:
     row: dict[str, Any] = inner if failed and isinstance(inner, dict) else data
     blocks: list[Block] = conversation(row)
     fields = {k: _field_text(v) for k, v in data.items() if k not in HIDDEN_FIELDS and k != "row"}
-    repeats = [j for j in select(index, RowFilter(task=index.task_key[i]))]
+    repeats = select(index, RowFilter(task=index.task_key_of(i)))
     return {
         "row": list_row(index, i),
         "blocks": blocks,
         "fields": fields,
-        "repeats": [(j, index.reward[j], index.failed[j]) for j in repeats],
+        "repeats": [(j, index.reward[j], bool(index.failed[j])) for j in repeats],
         "error": str(data.get("error", "")) if failed else "",
     }
 
@@ -187,29 +176,30 @@ def fmt(value: float | None, signed: bool = False) -> str:
 
 
 def comparison(base: RunIndex, new: RunIndex) -> dict[str, Any]:
-    return dict(_remembered("comparison", (base, new), lambda: _comparison(base, new)))
-
-
-def _comparison(base: RunIndex, new: RunIndex) -> dict[str, Any]:
-    metric_rows: list[dict[str, Any]] = []
-    if base.source.metrics.is_file() and new.source.metrics.is_file():
-        try:
-            result = compare(base.source.metrics, new.source.metrics)
-            metric_rows = [
-                {"env": env_label(e.env), "status": e.status, **m.__dict__}
-                for e in result.candidates[0].environments
-                for m in e.metrics
-            ]
-        except CompareError:
-            metric_rows = []
-    found = flips(base, new)
+    """``gym eval compare`` of the two runs (``polygym.view.stats.compare_indexes``): the reward
+    table, every metric with its interval, and the flipped tasks."""
+    result = compare_indexes(base, new)
+    candidate = result.candidates[0]
+    deltas = []
+    for env in candidate.environments:
+        reward = next((m for m in env.metrics if m.metric == REWARD), None)
+        if reward is not None:
+            deltas.append({"env": env.env, "status": env.status, "paired": env.paired_tasks, "m": reward})
+    found = flips(base, new, result)
     return {
-        "deltas": compare_envs(base, new),
+        "deltas": deltas,
+        "metric_rows": [
+            {"env": env.env, "status": env.status, "m": m}
+            for env in candidate.environments
+            for m in env.metrics
+        ],
+        "regressions": candidate.regressions,
         "flips": found[:MAX_FLIPS],
         "flips_total": len(found),
         "losses": sum(not f.now_solved for f in found),
         "gains": sum(f.now_solved for f in found),
-        "metric_rows": metric_rows,
+        "confidence": result.confidence,
+        "resamples": result.resamples,
     }
 
 
@@ -225,8 +215,8 @@ def side_by_side(
         "key": key,
         "left": rollout_detail(base, left) if left is not None else None,
         "right": rollout_detail(new, right) if right is not None else None,
-        "left_repeats": [(j, base.reward[j], base.failed[j]) for j in a],
-        "right_repeats": [(j, new.reward[j], new.failed[j]) for j in b],
+        "left_repeats": [(j, base.reward[j], bool(base.failed[j])) for j in a],
+        "right_repeats": [(j, new.reward[j], bool(new.failed[j])) for j in b],
         "left_number": left,
         "right_number": right,
     }
@@ -244,4 +234,51 @@ def summary_cells(s: EnvSummary) -> dict[str, str]:
             p: (f"{s.latency[p]:.3f}" if s.latency.get(p) is not None else DASH)
             for p in ("p50", "p90", "p99")
         },
+    }
+
+
+@dataclass
+class ValidationRow:
+    step: int
+    run: int | None
+    """The viewer's run number of the rollouts behind this point (None: no such file, yet)."""
+    cells: dict[str, Any]
+    """Environment -> ``{"mean", "n", "env"}`` (``env``: its name in that run's rows, to filter by)."""
+    alarms: list[str]
+
+
+def training_page(index: RunIndex, points: Mapping[int, tuple[int, RunIndex]]) -> dict[str, Any]:
+    """The training view: validation curves with every point, the rollouts behind each point,
+    planned vs realized shares per step, the step rewards and the alarms so far."""
+    source = index.source
+    assert source.folder is not None
+    training: Training = read_training(source.folder, source.steps)
+    series = read_steps(source.steps)
+    alarmed = {(a.step, a.env) for a in training.alarms if a.kind == REGRESSION}
+    figures = [charts.validation_curves(training.points, alarmed)] if training.points else []
+    if series:
+        figures.append(charts.planned_vs_realized(series))
+        figures.append(charts.step_figures(series, {})[0])
+    envs = sorted({p.env for p in training.points})
+    rows = []
+    for step in sorted({p.step for p in training.points}):
+        number, found = points.get(step, (None, None))
+        names = set(found.envs) if found is not None else set()
+        cells = {
+            p.env: {
+                "mean": p.reward_mean,
+                "n": p.n,
+                "env": p.env if p.env in names else training.agents.get(p.env, p.env),
+            }
+            for p in training.points
+            if p.step == step
+        }
+        alarms = [f"{a.env}: {a.kind}" for a in training.alarms if a.step == step]
+        rows.append(ValidationRow(step, number, cells, alarms))
+    return {
+        "training": training,
+        "envs": envs,
+        "validation_rows": rows,
+        "figures": figures,
+        "steps_logged": len({step for s in series.values() for step in s.steps}),
     }

@@ -176,7 +176,8 @@ def select(index: RunIndex, flt: RowFilter) -> list[int]:
         high = flt.reward_max
         rows = [i for i in rows if not index.failed[i] and index.reward[i] <= high]
     if flt.task:
-        rows = [i for i in rows if index.task_key[i] == flt.task]
+        code = index.task_keys.index(flt.task) if flt.task in index.task_keys else -2
+        rows = [i for i in rows if index.task_code[i] == code]
     if flt.step is not None:
         rows = [i for i in rows if index.step[i] == flt.step]
     if flt.text:

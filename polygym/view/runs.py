@@ -2,8 +2,9 @@
 
 ``gym view`` takes what people have at hand: the ``--output`` JSONL of ``gym eval run`` (or any of
 its siblings), a step-wise run (the same files plus ``_steps.jsonl``), or a ``gym train run``
-folder. ``discover`` turns that path into a ``RunSource``: the only files the viewer ever opens
-for that run. Routes name runs by their number on the command line, so these files are the whole
+folder (or a watch's, which writes the same validation files: ``polygym.view.training``).
+``discover`` turns that path into a ``RunSource``: the only files the viewer ever opens for that
+run. Routes name runs by their number on the command line, so these files are the whole
 of what can be served.
 """
 
@@ -22,6 +23,8 @@ SIBLING_SUFFIXES = (
 )
 TRAIN_LOG = "train_log.jsonl"
 TRAIN_ROLLOUTS = "rollouts/train.jsonl"
+CURVES = "validation.jsonl"
+SUMMARY = "summary.json"
 VALIDATION = ("validation_before", "validation_after")
 
 
@@ -41,6 +44,14 @@ class RunSource:
     steps: Path | None
     validation: dict[str, Path]
     """Phase (``validation_before``...) -> its ``_aggregate_metrics.json`` (train runs)."""
+    folder: Path | None = None
+    """A training (or watch) run's folder: the training page reads its validation files."""
+
+    @property
+    def ended(self) -> Path:
+        """The file whose presence says the run has ended: the metrics file of an eval run, the
+        ``summary.json`` of a training run."""
+        return self.folder / SUMMARY if self.folder is not None else self.metrics
 
 
 def _output_of(path: Path) -> Path:
@@ -65,17 +76,18 @@ def _train_run(folder: Path) -> RunSource:
         metrics=files.metrics,
         steps=folder / TRAIN_LOG,
         validation=validation,
+        folder=folder,
     )
 
 
 def discover(path: Path) -> RunSource:
     """The run ``path`` names; raises RunNotFoundError saying what was expected."""
     if path.is_dir():
-        if (path / TRAIN_LOG).is_file() or (path / TRAIN_ROLLOUTS).is_file():
+        if any((path / name).is_file() for name in (TRAIN_LOG, TRAIN_ROLLOUTS, CURVES)):
             return _train_run(path)
         raise RunNotFoundError(
-            f"{path}: a folder is read as a `gym train run` output, but it has no {TRAIN_LOG} "
-            f"or {TRAIN_ROLLOUTS}; pass the run's .jsonl file instead"
+            f"{path}: a folder is read as the output of `gym train run` or of a watch, but it has "
+            f"no {TRAIN_LOG}, {TRAIN_ROLLOUTS} or {CURVES}; pass the run's .jsonl file instead"
         )
     output = _output_of(path)
     files = RunFiles(output)

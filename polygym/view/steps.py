@@ -24,6 +24,7 @@ from polygym.row import ALL_ENVS
 SERIES_FIELDS = (
     "reward_mean",
     "target_share",
+    "planned_share",
     "realized_share",
     "stragglers",
     "failures",

@@ -285,3 +285,25 @@ def test_folders_find_each_metrics_files_rollouts(tmp_path: Path) -> None:
     envs = {e.env: e for e in compare(tmp_path / "base", tmp_path / "new").candidates[0].environments}
     assert reward_of(envs[A]).method == reward_of(envs[B]).method == "paired-bootstrap"
     assert envs[B].status == "regression" and envs[A].status == "ok" and len(envs[B].lost) == 16
+
+
+def _rollouts(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return path
+
+
+def test_task_identity_is_the_index_else_the_prompt_and_masked_rows_have_no_reward(tmp_path: Path) -> None:
+    agent = {"type": "responses_api_agents", "name": A}
+    same_prompt = {"responses_create_params": {"input": "guess the number"}, "agent_ref": agent}
+    # four games with one prompt: four tasks by their index, one task without it
+    indexed = [{**same_prompt, "_ng_task_index": t, "reward": float(t % 2)} for t in range(4)]
+    masked = {**same_prompt, "_ng_task_index": 9, "reward": 1.0, "mask_sample": True}
+    base = _rollouts(tmp_path / "indexed.jsonl", [*indexed, masked])
+    [env] = compare(base, base).candidates[0].environments
+    assert env.paired_tasks == 4  # the masked row's task has no scored rollout
+    assert next(m for m in env.metrics if m.metric == "mean/reward").base == 0.5
+    bare = [{k: v for k, v in row.items() if k != "_ng_task_index"} for row in indexed]
+    unindexed = _rollouts(tmp_path / "bare.jsonl", bare)
+    [env] = compare(unindexed, unindexed).candidates[0].environments
+    assert env.paired_tasks == 1  # the documented fallback: one prompt, one task

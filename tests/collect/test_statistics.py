@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
@@ -109,3 +110,19 @@ def test_mcnemar_exact_p_value_counts_only_the_flips() -> None:
     balanced = stats.mcnemar({1: True, 2: True, 3: False, 4: False}, {1: False, 2: False, 3: True, 4: True})
     assert balanced.p_value == 1.0
     assert stats.mcnemar({1: True, 2: True}, {2: False, 3: True}).n == 1  # only shared tasks
+
+
+def test_rollout_mean_interval_weighs_rollouts_and_takes_tasks_as_units() -> None:
+    even = [[1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [1.0, 0.0]]
+    assert stats.rollout_mean_interval(even) == stats.mean_interval([0.5, 1.0, 0.0, 0.5])
+    ragged = stats.rollout_mean_interval([[1.0] * 6, [0.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    assert ragged.mean == 8 / 12 and ragged.n == 4  # the metrics file's mean/reward, 4 tasks
+    assert ragged.low is not None and ragged.high is not None and ragged.low < 8 / 12 < ragged.high
+
+
+def test_numpy_and_pure_python_draws_estimate_the_same_spread() -> None:
+    values = tuple(float(i % 7) for i in range(300))
+    fast = stats._numpy_means(values, 5, 2000)
+    slow = stats._python_means(values, 5, 2000)
+    assert abs(statistics.fmean(fast) - statistics.fmean(slow)) < 0.05
+    assert abs(statistics.stdev(fast) - statistics.stdev(slow)) < 0.02

@@ -4,8 +4,9 @@
 
 In a scratch folder it runs ``python tests/view/demo_run.py runs`` (``gym eval run`` with the
 scripted model), starts ``gym view runs/demo.jsonl runs/demo_new.jsonl`` as a person would, reads
-the URL it prints and saves the overview, a multi-step rollout, the comparison and a step-wise
-run's steps page with headless Chromium. The process it started is stopped by its PID.
+the URL it prints and saves the overview, a multi-step rollout, the comparison, a step-wise
+run's steps page and a training run's page (``tests/view/train_run.py``) with headless
+Chromium. The process it started is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ DRAWN = (
 )
 
 
-def wait_drawn(driver: webdriver.Chrome, deadline_s: float = 10.0) -> None:
-    """Poll until every figure on the page is drawn (bounded)."""
+def wait_drawn(driver: webdriver.Chrome, deadline_s: float = 30.0) -> None:
+    """Poll until the page has its numbers (not the computing page) and every figure is drawn."""
     end = time.monotonic() + deadline_s
-    while not driver.execute_script(DRAWN):
+    while driver.find_elements(By.ID, "progress") or not driver.execute_script(DRAWN):
         if time.monotonic() > end:
             raise TimeoutError("figures not drawn")
         time.sleep(0.05)
@@ -61,6 +62,9 @@ def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="polygym-view-demo-"))
     subprocess.run([sys.executable, str(ROOT / "tests/view/demo_run.py"), "runs"], cwd=scratch, check=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "tests/view/train_run.py"), "runs/train"], cwd=scratch, check=True
+    )
     command = [
         sys.executable,
         "-m",
@@ -69,6 +73,7 @@ def main(out: Path) -> None:
         "runs/demo.jsonl",
         "runs/demo_new.jsonl",
         "runs/blend.jsonl",
+        "runs/train",
     ]
     proc = subprocess.Popen(
         command, cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -89,6 +94,10 @@ def main(out: Path) -> None:
         driver.get(url + "/run/2/steps")
         wait_drawn(driver)
         driver.save_screenshot(str(out / "view_steps.png"))
+        driver.set_window_size(1400, 1300)
+        driver.get(url + "/run/3/training")
+        wait_drawn(driver)
+        driver.save_screenshot(str(out / "view_training.png"))
     finally:
         driver.quit()
         proc.terminate()

@@ -19,9 +19,11 @@ import pytest
 from polygym.net.thread_server import ThreadServer
 from polygym.view.app import create_app
 from polygym.view.export import write_export
-from polygym.view.viewer import open_runs
+from polygym.view.viewer import find_runs, open_runs
 from tests.conftest import wait_until
 from tests.view.demo_run import XSS, make_pair, make_steps_run
+from tests.view.train_run import STEPS, grow
+from tests.view.train_run import XSS as TRAIN_XSS
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import StaleElementReferenceException, WebDriverException  # noqa: E402
@@ -113,7 +115,11 @@ def test_overview_shows_environment_rows_and_a_plot(browser: object, viewer: str
     browser.get(f"{viewer}/run/0")  # type: ignore[attr-defined]
     rows = browser.find_elements(By.CSS_SELECTOR, "table.overview tbody tr")  # type: ignore[attr-defined]
     names = [r.find_element(By.CSS_SELECTOR, "td.name").text for r in rows]
-    assert names == ["example_multi_step_simple_agent", "example_single_tool_call_simple_agent", "(all)"]
+    assert names == [
+        "example_multi_step_simple_agent",
+        "example_single_tool_call_simple_agent",
+        "(all) reward, pass@k: mean of the 2 environments",
+    ]
     single = rows[1].text
     assert "HTTP 400: 2" in single and "0.833" in single  # 2 failures; 5 of 6 tasks solved
     assert wait_until(lambda: drawn(browser, 1), 10)
@@ -188,7 +194,11 @@ def test_export_draws_offline_under_its_own_csp(browser: object, shots: Path, tm
     report = tmp_path / "report.html"
     write_export(open_runs([base, new], echo=lambda _: None), report)
     browser.get(report.as_uri())  # type: ignore[attr-defined]
-    assert wait_until(lambda: drawn(browser, 2), 10)
+    assert (
+        len(browser.find_elements(By.CSS_SELECTOR, ".figure-static svg polyline, .figure-static svg rect"))
+        > 2
+    )  # type: ignore[attr-defined]
+    assert browser.execute_script("return document.scripts.length") == 0  # type: ignore[attr-defined]
     text = browser.find_element(By.TAG_NAME, "main").text  # type: ignore[attr-defined]
     assert "solved → unsolved" in text and "example_single_tool_call_simple_agent" in text
     browser.save_screenshot(str(shots / "export.png"))  # type: ignore[attr-defined]
@@ -232,4 +242,86 @@ def test_live_run_refreshes_as_rows_arrive(browser: object, tmp_path: Path) -> N
 
         assert wait_until(shows_nine, 15)
     finally:
+        browser.get("about:blank")  # type: ignore[attr-defined]  # stop its polling before its server
+        asyncio.run(server.stop(timeout_s=10))
+
+
+def test_a_slow_page_shows_progress_then_its_numbers(browser: object, tmp_path: Path, shots: Path) -> None:
+    base, new = make_pair(tmp_path / "runs")
+    server = ThreadServer(create_app(find_runs([base, new]), wait_s=0))  # never wait: progress first
+    asyncio.run(server.start(timeout_s=30))
+    try:
+        browser.get(f"{server.url}/compare/0/1")  # type: ignore[attr-defined]
+        assert browser.find_elements(By.ID, "progress")  # type: ignore[attr-defined]
+        browser.save_screenshot(str(shots / "waiting.png"))  # type: ignore[attr-defined]
+
+        def compared() -> bool:
+            try:
+                return bool(browser.find_elements(By.CSS_SELECTOR, "table.flips"))  # type: ignore[attr-defined]
+            except WebDriverException:
+                return False  # reloading
+
+        assert wait_until(compared, 20)
+        no_console_errors(browser)
+    finally:
+        browser.get("about:blank")  # type: ignore[attr-defined]
+        asyncio.run(server.stop(timeout_s=10))
+
+
+def test_training_view_live_with_every_point_and_its_rollouts(
+    browser: object, tmp_path: Path, shots: Path
+) -> None:
+    folder = tmp_path / "train_grpo"
+    done = grow(folder, 0, 12)
+    server = ThreadServer(create_app(find_runs([folder]), wait_s=30))
+    asyncio.run(server.start(timeout_s=30))
+    browser.set_window_size(1440, 2300)  # type: ignore[attr-defined]
+    try:
+        browser.get(f"{server.url}/run/0/training")  # type: ignore[attr-defined]
+        assert wait_until(lambda: drawn(browser, 3), 15)
+        alarms = [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".alarm")]  # type: ignore[attr-defined]
+        assert alarms == ["step 5 · guess_number · masked share: 50% of the step's rollouts masked"]
+        points = browser.find_elements(By.CSS_SELECTOR, "table.validation tbody tr")  # type: ignore[attr-defined]
+        assert [p.get_attribute("data-step") for p in points] == ["0", "8"]
+        browser.save_screenshot(str(shots / "training_running.png"))  # type: ignore[attr-defined]
+        grow(folder, done, STEPS)  # the run goes on and ends: the open page reloads by itself
+
+        def ended() -> bool:
+            try:
+                return "ended" in browser.find_element(By.TAG_NAME, "h1").text  # type: ignore[attr-defined]
+            except WebDriverException:
+                return False
+
+        assert wait_until(ended, 20)
+        assert wait_until(lambda: drawn(browser, 3), 15)
+        alarms = [a.text for a in browser.find_elements(By.CSS_SELECTOR, ".alarm")]  # type: ignore[attr-defined]
+        assert [a.split(":")[0] for a in alarms] == [
+            "step 5 · guess_number · masked share",
+            "step 16 · mcqa · validation regression",
+            "step 24 · mcqa · validation regression",
+        ]
+        legend = {t.text for t in browser.find_elements(By.CSS_SELECTOR, ".figures .legendtext")}  # type: ignore[attr-defined]
+        assert {
+            "arithmetic",
+            "guess_number",
+            "mcqa (watched)",
+            "regression alarm",
+            "arithmetic planned",
+        } <= legend
+        browser.save_screenshot(str(shots / "training_ended.png"))  # type: ignore[attr-defined]
+        no_console_errors(browser)
+        row = browser.find_element(By.CSS_SELECTOR, 'table.validation tr[data-step="16"]')  # type: ignore[attr-defined]
+        follow(browser, row.find_elements(By.CSS_SELECTOR, "td.num a")[2])  # mcqa's rollouts at step 16
+        assert browser.find_element(By.ID, "count").text.startswith("32 of 96")  # type: ignore[attr-defined]
+        browser.save_screenshot(str(shots / "training_point_rollouts.png"))  # type: ignore[attr-defined]
+        browser.get(browser.current_url.split("?")[0] + "?q=onerror")  # type: ignore[attr-defined]
+        follow(browser, browser.find_element(By.CSS_SELECTOR, "table.rollouts tbody tr td a"))  # type: ignore[attr-defined]
+        answers = [m.text for m in browser.find_elements(By.CSS_SELECTOR, ".msg.role-assistant")]  # type: ignore[attr-defined]
+        assert any(TRAIN_XSS in text for text in answers)
+        assert browser.find_elements(By.CSS_SELECTOR, "main img") == []  # type: ignore[attr-defined]
+        browser.save_screenshot(str(shots / "training_xss.png"))  # type: ignore[attr-defined]
+        no_console_errors(browser)
+    finally:
+        browser.get("about:blank")  # type: ignore[attr-defined]
+        browser.set_window_size(1440, 1000)  # type: ignore[attr-defined]
         asyncio.run(server.stop(timeout_s=10))

@@ -8,12 +8,13 @@ from typing import Any
 import orjson
 import pytest
 
+from polygym.collect.statistics import mean_interval as estimate
 from polygym.row import ALL_ENVS
 from polygym.view.conversation import MAX_TEXT, conversation, count_turns
 from polygym.view.index import open_index
 from polygym.view.query import QueryError, page_of, parse_filter, select
 from polygym.view.runs import RunNotFoundError, discover
-from polygym.view.stats import compare_envs, env_rows, estimate, flips, summarize
+from polygym.view.stats import compare_indexes, env_tasks, flips, rollup, rows_by_env, summarize
 from polygym.view.tail import JsonlTail
 
 
@@ -101,7 +102,7 @@ def test_index_columns_and_rows_read_back_by_offset(run: Path) -> None:
     assert index.row(12)["error_class"] == "HTTP 500"
     assert index.row(3)["_ng_task_index"] == 1
     # the two repeats of a task share its key; different tasks do not
-    assert index.task_key[0] == index.task_key[1] != index.task_key[2]
+    assert index.task_key_of(0) == index.task_key_of(1) != index.task_key_of(2)
     with run.open("ab") as handle:
         handle.write(orjson.dumps(rollout("c", 0, 0, 1.0)) + b"\n")
     assert index.refresh() == 1 and index.envs[index.env[13]] == "c"
@@ -115,7 +116,7 @@ def test_filters_narrow_and_page(run: Path) -> None:
     assert len(select(index, parse_filter({"min": "0.4", "max": "0.6"}))) == 3
     assert len(select(index, parse_filter({"q": "<SCRIPT>alert"}))) == 3
     assert select(index, parse_filter({"q": "no such text"})) == []
-    assert select(index, parse_filter({"task": index.task_key[0]})) == [0, 1]
+    assert select(index, parse_filter({"task": index.task_key_of(0)})) == [0, 1]
     page = page_of(list(range(13)), 9, 5)
     assert page.number == 3 and page.rows == [10, 11, 12] and page.pages == 3
     for bad in ({"status": "nope"}, {"min": "x"}, {"min": "nan"}, {"q": "x" * 201}, {"step": "1e3"}):
@@ -137,13 +138,19 @@ def test_ci_never_leaves_the_range_of_the_task_means() -> None:
 
 def test_summary_per_env(run: Path) -> None:
     index = open_index(discover(run))
-    rows = env_rows(index)
-    a = summarize(index, "a", rows["a"], None)
+    rows, tasks = rows_by_env(index), env_tasks(index)
+    a = summarize(index, "a", rows["a"], tasks["a"], None)
     assert a.rollouts == 8 and a.failures == 1 and a.failures_by_class == {"HTTP 500": 1}
-    assert a.reward.mean == 0.5 and a.reward.n == 4
+    assert a.reward.mean == 0.5 and a.reward.n == 4 and a.tasks == 4
     assert a.pass_at["pass@1"] == 0.5 and a.pass_at["pass@2"] == 0.5
     assert a.latency == {}  # failures' latency alone would mislead: only the metrics file's is shown
-    assert summarize(index, ALL_ENVS, rows[ALL_ENVS], {"p50": 0.1}).latency == {"p50": 0.1}
+    b = summarize(index, "b", rows["b"], tasks["b"], {"p50": 0.1})
+    assert b.latency == {"p50": 0.1} and b.reward.mean == 0.5
+    # the (all) row: each environment counts once (a: 8 rollouts, b: 3), counts are sums
+    both = rollup(index, [a, b])
+    assert both.env == ALL_ENVS and both.reward.mean == 0.5 and both.rollouts == 11 and both.failures == 2
+    # b: reward 0.5 never passes; its tasks have one rollout each, so no pass@2 for every environment
+    assert both.pass_at == {"pass@1": 0.25, "pass@1[avg-of-k]": 0.25}
 
 
 def test_compare_pairs_tasks_and_finds_flips(run: Path, tmp_path: Path) -> None:
@@ -152,10 +159,12 @@ def test_compare_pairs_tasks_and_finds_flips(run: Path, tmp_path: Path) -> None:
     rows += [rollout("b", t, 0, 0.5) for t in range(3)]
     write(tmp_path / "new" / "run.jsonl", rows)
     base, new = open_index(discover(run)), open_index(discover(tmp_path / "new" / "run.jsonl"))
-    deltas = {d.env: d for d in compare_envs(base, new)}
-    assert deltas["a"].paired == 4 and deltas["a"].delta.mean == 0.0
-    assert deltas["b"].delta.mean == 0.0 and deltas["b"].delta.low == 0.0
-    found = flips(base, new)
+    result = compare_indexes(base, new)
+    envs = {e.env: e for e in result.candidates[0].environments}
+    reward = {e: next(m for m in envs[e].metrics if m.metric == "mean/reward") for e in envs}
+    assert envs["a"].paired_tasks == 4 and reward["a"].delta == 0.0
+    assert reward["b"].delta == 0.0 and reward["b"].low == 0.0
+    found = flips(base, new, result)
     assert [(f.env, f.now_solved) for f in found] == [("a", False), ("a", True)]
     assert base.row(found[0].base_rows[0])["_ng_task_index"] == 0
     assert new.row(found[1].new_rows[0])["_ng_task_index"] == 3

@@ -1,0 +1,206 @@
+"""The training page: what a ``gym train run`` (or a watch of a trainer's run) has written so far.
+
+A training folder holds, and gains while the run goes:
+
+* ``validation.jsonl``: one line per validation point and environment (step, env, eval_only,
+  reward_mean, n): every point of the validation curves, trained and watched (``eval_only``);
+* the rollouts behind each point, written as ``gym eval run`` writes them:
+  ``validation_before.jsonl`` (step 0), ``validation/step_N.jsonl``, ``validation_after.jsonl``
+  (the last point); the viewer opens each as a run of its own, so every point links to its rollouts;
+* ``train_log.jsonl``: one line per step and environment with the planned and realized shares,
+  the reward and the masked-share alarm (``masked_alarm``);
+* ``summary.json`` once the run has ended (its ``--max-regression`` limits and alarms).
+
+Alarms are shown as they fire: a masked-share alarm from the step log, and a validation
+regression by the trainer's own rule (``polygym.training.run.regressions``: ``gym eval compare``
+of a point's rollouts against step 0's, a drop whose whole interval lies below the limit), for
+every environment: at the run's ``--max-regression`` limit where ``summary.json`` gives one, else
+at ``gym eval compare``'s default threshold (each alarm names the one it used).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from polygym.collect.compare import DEFAULT_THRESHOLD, REWARD, CompareError, compare
+from polygym.jsonl import iter_jsonl
+from polygym.row import ALL_ENVS, ENV_FIELD
+
+CURVES = "validation.jsonl"
+BEFORE, AFTER = "validation_before.jsonl", "validation_after.jsonl"
+STEP_FILE = re.compile(r"step_(\d+)\.jsonl")
+REGRESSION = "validation regression"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+@dataclass(frozen=True)
+class Point:
+    step: int
+    env: str
+    eval_only: bool
+    reward_mean: float | None
+    n: int
+
+
+def read_curves(folder: Path) -> list[Point]:
+    """Every validation point, by step then environment (a point logged twice: the later wins)."""
+    latest: dict[tuple[int, str], Point] = {}
+    path = folder / CURVES
+    for line in iter_jsonl(path) if path.is_file() else []:
+        step, env = line.get("step"), line.get("env")
+        if isinstance(step, int) and isinstance(env, str):
+            n = line.get("n")
+            latest[(step, env)] = Point(
+                step,
+                env,
+                bool(line.get("eval_only")),
+                _number(line.get("reward_mean")),
+                n if isinstance(n, int) else 0,
+            )
+    return [latest[k] for k in sorted(latest)]
+
+
+def point_files(folder: Path, steps: list[int]) -> dict[int, Path]:
+    """Validation step -> the rollouts file behind it (those written so far)."""
+    out: dict[int, Path] = {}
+    if (folder / BEFORE).is_file():
+        out[0] = folder / BEFORE
+    for path in sorted((folder / "validation").glob("step_*.jsonl")):
+        found = STEP_FILE.fullmatch(path.name)
+        if found:
+            out[int(found.group(1))] = path
+    if (folder / AFTER).is_file() and steps and max(steps) not in out:
+        out[max(steps)] = folder / AFTER
+    return out
+
+
+def read_summary(folder: Path) -> dict[str, Any]:
+    try:
+        data = orjson.loads((folder / "summary.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@dataclass
+class Alarm:
+    step: int
+    env: str
+    kind: str
+    """``masked share`` or ``validation regression``."""
+    text: str
+
+
+@dataclass
+class Training:
+    points: list[Point]
+    files: dict[int, Path]
+    agents: dict[str, str]
+    """Environment -> its agent (the name its validation rollouts carry)."""
+    alarms: list[Alarm] = field(default_factory=list)
+    limits: dict[str, float] = field(default_factory=dict)
+    limits_known: bool = False
+    ended: bool = False
+
+
+def _agents(log: list[dict[str, Any]]) -> dict[str, str]:
+    return {
+        line["env"]: line["agent"]
+        for line in log
+        if isinstance(line.get("env"), str) and isinstance(line.get("agent"), str) and line["env"] != ALL_ENVS
+    }
+
+
+def _agents_of_rows(path: Path) -> dict[str, str]:
+    """Environment (``_pg_env``) -> agent, from a validation file's rows (watched environments are
+    in no step log)."""
+    out: dict[str, str] = {}
+    for row in iter_jsonl(path):
+        env, ref = row.get(ENV_FIELD), row.get("agent_ref")
+        if isinstance(env, str) and isinstance(ref, dict) and isinstance(ref.get("name"), str):
+            out.setdefault(env, ref["name"])
+    return out
+
+
+def masked_alarms(log: list[dict[str, Any]]) -> list[Alarm]:
+    return [
+        Alarm(
+            line["step"],
+            line["env"],
+            "masked share",
+            f"{(_number(line.get('masked_share')) or 0):.0%} of the step's rollouts masked",
+        )
+        for line in log
+        if line.get("masked_alarm") and isinstance(line.get("step"), int) and line.get("env") != ALL_ENVS
+    ]
+
+
+def regression_alarms(training: Training) -> list[Alarm]:
+    """Each validation point after step 0 against step 0, per environment, by ``gym eval compare``."""
+    base = training.files.get(0)
+    out: list[Alarm] = []
+    if base is None:
+        return out
+    envs = sorted({p.env for p in training.points})
+    for step, path in sorted(training.files.items()):
+        if step == 0:
+            continue
+        for env in envs:
+            limit = training.limits.get(env, DEFAULT_THRESHOLD)
+            agent = training.agents.get(env, env)
+            try:
+                result = compare(base, path, threshold=limit, metrics=(REWARD,), agents=[agent])
+            except CompareError:
+                continue
+            for judged in result.candidates[0].environments:
+                for m in judged.metrics:
+                    if m.regression and m.delta is not None and m.low is not None and m.high is not None:
+                        text = (
+                            f"validation reward {m.base:.3f} → {m.new:.3f} since step 0; the 95% interval "
+                            f"of the change [{m.low:+.3f}, {m.high:+.3f}] lies below -{limit:g}"
+                        )
+                        out.append(Alarm(step, env, REGRESSION, text))
+    return out
+
+
+def read_training(folder: Path, log_path: Path | None) -> Training:
+    log = list(iter_jsonl(log_path)) if log_path is not None and log_path.is_file() else []
+    points = read_curves(folder)
+    summary = read_summary(folder)
+    limits = (summary.get("settings") or {}).get("max_regression")
+    files = point_files(folder, [p.step for p in points])
+    agents = {**(_agents_of_rows(files[0]) if 0 in files else {}), **_agents(log)}
+    training = Training(points, files, agents)
+    training.ended = bool(summary)
+    if isinstance(limits, dict):
+        training.limits = {k: float(v) for k, v in limits.items() if _number(v) is not None}
+        training.limits_known = True
+    training.alarms = sorted(masked_alarms(log) + regression_alarms(training), key=lambda a: (a.step, a.env))
+    return training
+
+
+def signature(folder: Path, log_path: Path | None) -> tuple[tuple[str, int, int], ...]:
+    """What the training page's numbers depend on besides the indexes: changes as the run writes."""
+    paths = [folder / CURVES, folder / "summary.json", folder / BEFORE, folder / AFTER]
+    paths += sorted((folder / "validation").glob("step_*.jsonl"))
+    if log_path is not None:
+        paths.append(log_path)
+    out = []
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        out.append((path.name, stat.st_size, stat.st_mtime_ns))
+    return tuple(out)
