@@ -17,7 +17,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from polygym.blend.mix import load_blend, resolve
-from polygym.blend.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
+from polygym.blend.planner import (
+    DEFAULT_WARN_BELOW,
+    DEFAULT_WARN_BELOW_ROLLOUTS,
+    InfeasiblePlanError,
+    Plan,
+    plan_summary_rows,
+)
 from polygym.blend.spec import BlendSpec, BlendSpecError, load_spec
 from polygym.blend.stepwise import StepFiles, StepReport, StepSettings, environments_to_serve, run_steps
 from polygym.cli.base import (
@@ -65,8 +71,17 @@ def load_spec_or_exit(path: Path) -> BlendSpec:
     show_default=True,
     help="Warn when an environment gets fewer prompts than this per step.",
 )
+@click.option(
+    "--warn-below-rollouts",
+    type=click.IntRange(min=0),
+    default=DEFAULT_WARN_BELOW_ROLLOUTS,
+    show_default=True,
+    help="Warn when an environment gets fewer rollouts (prompts x responses) than this per step.",
+)
 @click.option("--prompts-per-step", type=click.IntRange(min=1), default=None, help="Try another step size.")
-def plan(spec_path: Path, as_json: bool, warn_below: int, prompts_per_step: int | None) -> None:
+def plan(
+    spec_path: Path, as_json: bool, warn_below: int, warn_below_rollouts: int, prompts_per_step: int | None
+) -> None:
     """Show each environment's exact quota of every training step.
 
     Quotas use largest remainder on the weights after giving every environment its
@@ -77,7 +92,7 @@ def plan(spec_path: Path, as_json: bool, warn_below: int, prompts_per_step: int 
         spec = spec.model_copy(update={"prompts_per_step": prompts_per_step})
     try:
         rows = {env.name: sum(count_rows(p) for p in env.train) for env in resolve(spec)}
-        result = spec.plan(rows, warn_below)
+        result = spec.plan(rows, warn_below, warn_below_rollouts)
     except BlendSpecError as exc:
         fail(str(exc), EXIT_USAGE)
     except InfeasiblePlanError as exc:
@@ -452,6 +467,15 @@ def require_training_extra(command: str) -> None:
     "ids generated instead of re-rendering the history. A server without it fails drifted turns (502).",
 )
 @click.option(
+    "--allow-starved",
+    "allow_starved",
+    multiple=True,
+    metavar="ENV",
+    help="Train although the plan gives ENV 0 prompts in every step (it is still validated). Without "
+    "it such a plan exits 2; every warning of the plan (gym train plan) is shown before step 0 "
+    "(repeatable).",
+)
+@click.option(
     "--dynamic-sampling",
     type=click.IntRange(min=1),
     default=None,
@@ -517,6 +541,7 @@ def run(
     is_cap: float | None,
     vllm_server: str | None,
     vllm_prefix_token_ids: bool,
+    allow_starved: tuple[str, ...],
     dynamic_sampling: int | None,
     checkpoint_every: int | None,
     resume: bool,
@@ -569,6 +594,7 @@ def run(
         is_cap=DEFAULT_IS_CAP if is_cap is None else is_cap,
         vllm_server=vllm_server,
         vllm_prefix_token_ids=vllm_prefix_token_ids,
+        allow_starved=allow_starved,
         dynamic_sampling=dynamic_sampling,
         checkpoint_every=checkpoint_every,
         resume=resume,

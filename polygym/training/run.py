@@ -51,6 +51,7 @@ from typing import Any
 
 from polygym.blend.dynamic_sampling import DynamicSampling
 from polygym.blend.mix import Blend, load_blend
+from polygym.blend.planner import Plan
 from polygym.blend.spec import BlendSpec, load_spec
 from polygym.blend.stepwise import environments_to_serve
 from polygym.collect.compare import Comparison, compare
@@ -131,6 +132,8 @@ class RunSettings:
     vllm_prefix_token_ids: bool = False
     """``vllm_server`` implements ``required_prefix_token_ids`` (NeMo RL's vLLM server; stock
     ``vllm serve`` does not): multi-turn prompts then extend the exact ids (``policy_serving``)."""
+    allow_starved: tuple[str, ...] = ()
+    """Environments the run may starve (0 prompts in every step): any other starved one is refused."""
     dynamic_sampling: int | None = None
     """Extra prompts each environment may draw per step to replace groups without reward variance
     (``blend.dynamic_sampling``); None: off."""
@@ -211,6 +214,38 @@ def validate(
         if env is not None:
             rewards[env].append(reward(rollout))
     return rewards
+
+
+class StarvedEnvironment(ValueError):
+    """The plan gives an environment 0 prompts in every step and ``--allow-starved`` does not name it.
+
+    Quotas are the same in every step, so such an environment is never trained, while it is
+    validated like the others: a run would report its curve as if training had reached it.
+    """
+
+
+def check_plan(plan: Plan, allowed: Sequence[str], source: Path, echo: Any) -> None:
+    """Show every warning of the run's plan; raise :class:`StarvedEnvironment` for a starved
+    environment not in ``allowed``, and ValueError for an ``allowed`` name the plan does not train."""
+    for warning in plan.warnings:
+        echo(f"warning: plan: {warning}")
+    trained = [env.name for env in plan.environments]
+    unknown = [env for env in allowed if env not in trained]
+    if unknown:
+        raise ValueError(f"--allow-starved: no trained environment {', '.join(unknown)} in {source}")
+    refused = [env for env in plan.starved if env not in allowed]
+    if refused:
+        names = ", ".join(refused)
+        flags = " ".join(f"--allow-starved {env}" for env in refused)
+        raise StarvedEnvironment(
+            f"{source}: {names} would get 0 of the {plan.prompts_per_step} prompts in every step of the run "
+            f"(never trained, still validated); raise prompts_per_step to {plan.suggested_prompts_per_step} "
+            f"(gym train plan {source} shows why), or pass {flags} to train without "
+            f"{'it' if len(refused) == 1 else 'them'}"
+        )
+    for env in allowed:
+        if env not in plan.starved:
+            echo(f"note: --allow-starved {env}: {env} is not starved ({plan.quotas[env]} prompts per step)")
 
 
 class EnvironmentFailing(RuntimeError):
@@ -300,12 +335,14 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
     began = time.perf_counter()
     timings: dict[str, float] = {}
     out = settings.output_dir
+    spec = load_spec(settings.spec_path)
+    blend = load_blend(spec)
+    plan = blend.plan()
+    check_plan(plan, settings.allow_starved, settings.spec_path, echo)
     resume_from = check_resumable(out, settings.to_dict()) if settings.resume else None
     out.mkdir(parents=True, exist_ok=True)
     start = resume_from[1] if resume_from is not None else 0
     torch.set_num_threads(settings.threads or os.cpu_count() or 1)
-    spec = load_spec(settings.spec_path)
-    blend = load_blend(spec)
     validation = load_blend(spec, split="validation")
     missing = [env.name for env in validation.environments if not validation.rows[env.name]]
     if missing:
@@ -540,6 +577,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
         "token_shares": token_shares(lines),
         "dynamic_sampling": dynamic_totals(lines) if settings.dynamic_sampling is not None else None,
         "resumed_at_step": start if resume_from is not None else None,
+        "starved_environments": plan.starved,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(out, steps, comparison, timings, summary)

@@ -279,3 +279,61 @@ def test_gym_train_run_help_documents_every_option() -> None:
     help_text = CliRunner().invoke(gym, ["train", "run", "--help"], terminal_width=200).output
     for flag in ("--dynamic-sampling", "--checkpoint-every", "--resume", "--report-to", "--seed"):
         assert flag in help_text
+
+
+def starving_spec(tmp_path: Path) -> Path:
+    """Three trained environments in steps of 2 prompts: the third gets none, in every step."""
+    games = tmp_path / "games.jsonl"
+    games.write_text(json.dumps(GAME) + "\n")
+    spec = tmp_path / "starving.yaml"
+    spec.write_text(
+        "environments:\n"
+        "  mcqa: {}\n"
+        "  guess_number:\n"
+        "    agent: guess_number_gymnasium_agent\n"
+        "    train: games.jsonl\n"
+        "    validation: games.jsonl\n"
+        "  example_single_tool_call:\n"
+        f"    validation: {ROOT / 'resources_servers/example_single_tool_call/data/example.jsonl'}\n"
+        "prompts_per_step: 2\n"
+        "responses_per_prompt: 2\n"
+    )
+    return spec
+
+
+def train_tiny(spec: Path, out: Path, *extra: str) -> Any:
+    args = ["train", "run", str(spec), "--output", str(out), "--model", "tiny", "--steps", "1"]
+    args += ["--validation-limit", "1", "--max-output-tokens", "4", "--train-layers", "1", *extra]
+    return CliRunner().invoke(gym, args, catch_exceptions=False)
+
+
+def test_a_plan_that_starves_an_environment_is_refused_before_any_work(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = train_tiny(starving_spec(tmp_path), out)
+    assert result.exit_code == 2, result.output
+    flat = " ".join(result.output.split())  # the console wraps long lines
+    assert "warning: plan: example_single_tool_call: starved, 0 prompts in every step" in flat
+    assert (
+        "example_single_tool_call would get 0 of the 2 prompts in every step of the run (never trained, "
+        "still validated); raise prompts_per_step to 12" in flat
+    )
+    assert "--allow-starved example_single_tool_call to train without it" in flat
+    assert "policy tiny" not in flat and not out.exists()  # refused before the model or any file
+    typo = train_tiny(starving_spec(tmp_path), out, "--allow-starved", "example_single")
+    assert typo.exit_code == 2 and "--allow-starved: no trained environment example_single" in typo.output
+
+
+def test_every_plan_warning_is_shown_before_step_0_and_an_allowed_starvation_runs(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = train_tiny(starving_spec(tmp_path), out, "--allow-starved", "example_single_tool_call")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    warned = [i for i, line in enumerate(lines) if line.startswith("warning: plan: ")]
+    first_step = next(i for i, line in enumerate(lines) if line.startswith("step 0:"))
+    assert len(warned) == 5 and max(warned) < first_step  # too few and drifted (x2), the starved one
+    flat = " ".join(result.output.split())
+    for env in ("mcqa", "guess_number"):
+        assert f"warning: plan: {env}: only 1 prompt x 2 responses = 2 rollouts per step" in flat
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["starved_environments"] == ["example_single_tool_call"]
+    assert summary["settings"]["allow_starved"] == ["example_single_tool_call"]
