@@ -391,10 +391,11 @@ def require_training_extra(command: str) -> None:
     "max_regressions",
     multiple=True,
     metavar="ENV=DELTA",
-    help="Warn when ENV's mean validation reward falls more than DELTA below its step-0 value, at any "
-    "validation (--validate-every) and at the end, judged as gym eval compare judges a regression: the "
-    "95% paired-bootstrap interval of the change over the same prompts lies wholly below -DELTA "
-    "(repeatable; summary.json lists them).",
+    help="Warn when ENV's mean validation reward fell more than DELTA since step 0 and the 95% "
+    "paired-bootstrap interval of the drop (over the same prompts) excludes 0, at any validation "
+    "(--validate-every) and at the end; a validation with no scored rollout of ENV also warns. The "
+    "warning shows the drop and its interval (repeatable; summary.json lists them; rule in "
+    "docs/multi_env_batches.md).",
 )
 @click.option(
     "--on-regression",

@@ -54,7 +54,7 @@ from polygym.blend.mix import Blend, load_blend
 from polygym.blend.planner import Plan
 from polygym.blend.spec import BlendSpec, load_spec
 from polygym.blend.stepwise import environments_to_serve
-from polygym.collect.compare import Comparison, compare
+from polygym.collect.compare import CompareError, Comparison, compare
 from polygym.collect.eval_run import run_eval
 from polygym.collect.rollouts import Limits
 from polygym.collect.run_files import RunFiles
@@ -74,11 +74,10 @@ from polygym.training.collector import TokenCollector, TokenStep
 from polygym.training.env_metrics import validation_metrics
 from polygym.training.off_policy import DEFAULT_IS_CAP, OffPolicy, describe
 from polygym.training.policy_version import OnStale, StalenessBound
+from polygym.training.regression import Regression, judge_regression, task_rewards
 from polygym.training.trl_adapter import GradientShare
 
 POLICY_NAME = "policy"
-VALIDATION_METRIC = "mean/reward"
-"""What the --max-regression alarm judges (``gym eval compare``'s metric name)."""
 
 
 @dataclass
@@ -107,7 +106,8 @@ class RunSettings:
     """The trainer's seed (TRL/torch: initialization, sampling of the served policy); None: the
     blend spec's seed. The blend's seed alone decides which prompts each step holds."""
     max_regression: dict[str, float] = field(default_factory=dict)
-    """Environment -> the largest drop of its mean validation reward vs step 0 tolerated."""
+    """Environment -> the largest drop of its mean validation reward vs step 0 tolerated (the rule:
+    ``regression``)."""
     on_regression: str = "warn"
     """"warn": report a larger drop; "stop": also end training after the current step."""
     max_masked_share: float | None = None
@@ -279,25 +279,14 @@ def mean_rewards(rewards: dict[str, list[float]]) -> dict[str, float]:
 
 def regressions(
     step: int, base: Path, now: Path, limits: dict[str, float], agents: dict[str, str]
-) -> list[dict[str, Any]]:
-    """Environments whose validation reward at ``step`` regressed since step 0, by ``gym eval
-    compare``'s rule: the paired-bootstrap interval of the change over the same prompts lies wholly
-    below ``-limit`` (``base``, ``now``: the two validations' rollout files; ``agents``: environment
-    -> agent, the names those files use). A point drop past the limit whose interval reaches back
-    over it is noise at a validation's size (one flipped answer of 32 moves the mean by 0.03) and
-    raises nothing; an environment none of whose rollouts were scored at ``step`` always does.
-    """
-    found = []
-    for env, limit in limits.items():
-        result = compare(base, now, threshold=limit, metrics=(VALIDATION_METRIC,), agents=[agents[env]])
-        for judged in result.candidates[0].environments:
-            if judged.status == "missing":
-                found.append({"step": step, "env": env, "before": None, "now": None, "drop": None})
-            for m in judged.metrics:
-                if m.regression and m.delta is not None:
-                    drop = {"before": m.base, "now": m.new, "drop": -m.delta, "interval": [m.low, m.high]}
-                    found.append({"step": step, "env": env, **drop})
-    return found
+) -> list[Regression]:
+    """The ``--max-regression`` alarms of the validation at ``step``: one per environment of
+    ``limits`` that :func:`regression.judge_regression` flags (``base``, ``now``: the step-0 and
+    step-``step`` validations' rollout files; ``agents``: environment -> agent, the names they use)."""
+    by_agent = {agent: env for env, agent in agents.items()}
+    before, after = task_rewards(base, by_agent), task_rewards(now, by_agent)
+    verdicts = (judge_regression(env, step, before[env], after[env], limit) for env, limit in limits.items())
+    return [verdict for verdict in verdicts if verdict.alarm]
 
 
 def validation_file(out: Path, step: int, final: bool = False) -> Path:
@@ -372,7 +361,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
     before = {line["env"]: _mean(line) for line in validated if line["step"] == 0}
     agents = {env.name: env.agent for env in validation.environments}
 
-    def step_regressions(step: int, final: bool = False) -> list[dict[str, Any]]:
+    def step_regressions(step: int, final: bool = False) -> list[Regression]:
         base, now = validation_file(out, 0), validation_file(out, step, final)
         return regressions(step, base, now, settings.max_regression, agents) if now.exists() else []
 
@@ -384,7 +373,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
     def check_regressions(step: int, final: bool = False) -> bool:
         found = step_regressions(step, final)
         for r in found:
-            echo(f"warning: {describe_regression(r)} (--max-regression {settings.max_regression[r['env']]})")
+            echo(f"warning: {r.describe()}")
         regressed.extend(found)
         return bool(found)
 
@@ -542,8 +531,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
         trainer.save_model(str(out / "model"))
 
     # the rollouts, not the metrics files: per-prompt rewards give intervals, not point deltas
-    comparison = compare(validation_file(out, 0), validation_file(out, settings.steps, final=True))
-    (out / "comparison.json").write_text(json.dumps(comparison.to_dict(), indent=2))
+    comparison = final_comparison(out, echo)
     plot_curves(log_path, out / "curves.png", before, after, title=f"GRPO on {settings.model}")
     lines = list(iter_jsonl(log_path))  # every step of the run, those before a resume too
     timings["total_s"] = time.perf_counter() - began
@@ -554,8 +542,8 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
         "blend_seed": spec.seed,
         "validation_before": before,
         "validation_after": after,
-        "regressions": comparison.regressions,
-        "validation_regressions": regressed,
+        "regressions": comparison.regressions if comparison is not None else None,
+        "validation_regressions": [asdict(r) for r in regressed],
         "generation": {
             "batches": generator.stats.batches,
             "sequences": generator.stats.sequences,
@@ -581,6 +569,18 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return RunResult(out, steps, comparison, timings, summary)
+
+
+def final_comparison(out: Path, echo: Any) -> Comparison | None:
+    """``gym eval compare`` of the first and last validations into ``comparison.json``; None (and a
+    warning) when the last one scored nothing: its ``--max-regression`` alarm has said so already."""
+    try:
+        comparison = compare(validation_file(out, 0), validation_file(out, 0, final=True))
+    except CompareError as exc:
+        echo(f"warning: no comparison.json: {exc}")
+        return None
+    (out / "comparison.json").write_text(json.dumps(comparison.to_dict(), indent=2))
+    return comparison
 
 
 def run_totals(lines: Sequence[dict[str, Any]]) -> dict[str, int]:
@@ -662,17 +662,6 @@ def validation_means(lines: Sequence[dict[str, Any]]) -> dict[int, dict[str, flo
     for line in lines:
         out.setdefault(line["step"], {})[line["env"]] = _mean(line)
     return out
-
-
-def describe_regression(found: dict[str, Any]) -> str:
-    """One line for a :func:`regressions` entry."""
-    if found["drop"] is None:
-        return f"{found['env']}: no validation rollout was scored at step {found['step']}"
-    low, high = found["interval"]
-    return (
-        f"{found['env']} validation reward fell {found['drop']:.3f} since step 0 ({found['before']:.3f} -> "
-        f"{found['now']:.3f}, 95% interval of the change [{low:+.3f}, {high:+.3f}])"
-    )
 
 
 def _mean(line: dict[str, Any]) -> float:

@@ -166,25 +166,24 @@ def test_max_regression_flags_are_checked_and_drops_are_found(tmp_path: Path) ->
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
         return path
 
-    base = validation(tmp_path / "before.jsonl", {"a": [1.0] * 32, "b": [1.0] * 32, "c": [1.0] * 32})
+    before = validation(tmp_path / "before.jsonl", {"a": [1.0] * 32, "b": [1.0] * 32, "c": [1.0] * 32})
     # a: 20 of 32 prompts lost; b: 1 of 32 (a point drop past 0.02, an interval reaching 0); c: not scored
     now = validation(tmp_path / "step_4.jsonl", {"a": [0.0] * 20 + [1.0] * 12, "b": [0.0] + [1.0] * 31})
     agents = {env: f"{env}_agent" for env in "abc"}
-    found = regressions(4, base, now, {"a": 0.1, "b": 0.02, "c": 0.1}, agents)
-    assert [(r["env"], r["drop"]) for r in found] == [("a", pytest.approx(0.625)), ("c", None)]
-    low, high = found[0]["interval"]
-    assert low <= -0.625 <= high < -0.1
+    found = regressions(4, before, now, {"a": 0.1, "b": 0.02, "c": 0.1}, agents)
+    assert [(r.env, r.drop) for r in found] == [("a", pytest.approx(0.625)), ("c", None)]
+    assert found[0].interval is not None and 0 < found[0].interval[0] <= 0.625 <= found[0].interval[1]
 
 
 def test_on_regression_stop_ends_training_after_the_regressed_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from polygym.training import run as run_module
+    from polygym.training.regression import Regression
 
-    def always(step: int, base: Path, now: Path, limits: Any, agents: Any) -> list[dict[str, Any]]:
+    def always(step: int, base: Path, now: Path, limits: Any, agents: Any) -> list[Regression]:
         assert base.name == "validation_before.jsonl" and now.exists()  # judged on the rollouts
-        drop = {"before": 1.0, "now": 0.0, "drop": 1.0, "interval": [-1.0, -1.0]}
-        return [{"step": step, "env": "mcqa", **drop}]
+        return [Regression("mcqa", step, 0.1, True, 1.0, 0.0, 1.0, (1.0, 1.0), 4)]
 
     monkeypatch.setattr(run_module, "regressions", always)
     spec = tmp_path / "blend.yaml"
@@ -204,7 +203,7 @@ def test_on_regression_stop_ends_training_after_the_regressed_step(
     ]
     result = CliRunner().invoke(gym, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert "warning: mcqa validation reward fell 1.000" in result.output
+    assert "warning: mcqa validation reward fell +1.000 since step 0" in result.output
     assert "stopping after step 1" in result.output
     trained = {line["step"] for line in iter_jsonl(out / "train_log.jsonl")}
     assert trained == {0, 1}  # step 1's update ran, steps 2 and 3 never did
@@ -337,3 +336,35 @@ def test_every_plan_warning_is_shown_before_step_0_and_an_allowed_starvation_run
     summary = json.loads((out / "summary.json").read_text())
     assert summary["starved_environments"] == ["example_single_tool_call"]
     assert summary["settings"]["allow_starved"] == ["example_single_tool_call"]
+
+
+def test_an_empty_later_validation_is_a_regression_alarm_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every validation rollout after step 0 lost (the file holds none): an alarm, and the run ends."""
+    from polygym.training import run as run_module
+
+    validate = run_module.validate
+
+    def failing_later(collector: Any, blend: Any, output: Path, *args: Any) -> dict[str, list[float]]:
+        rewards = validate(collector, blend, output, *args)
+        if output.name == "validation_before.jsonl":
+            return rewards
+        output.write_text("")  # no scored rollout, and no metrics of them
+        output.with_name(f"{output.stem}_aggregate_metrics.json").unlink(missing_ok=True)
+        return {env: [] for env in rewards}
+
+    monkeypatch.setattr(run_module, "validate", failing_later)
+    spec = tmp_path / "blend.yaml"
+    spec.write_text("environments:\n  mcqa: {}\nprompts_per_step: 2\nresponses_per_prompt: 2\n")
+    out = tmp_path / "run"
+    result = train_tiny(spec, out, "--validate-every", "1", "--max-regression", "mcqa=0.1")
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert "warning: mcqa: no validation rollout was scored at step 1 (--max-regression alarm)" in flat
+    assert "warning: no comparison.json" in flat
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(r["step"], r["env"], r["alarm"], r["drop"]) for r in summary["validation_regressions"]] == [
+        (1, "mcqa", True, None)
+    ]
+    assert summary["regressions"] is None and not (out / "comparison.json").exists()
