@@ -44,7 +44,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -396,6 +396,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
             if check_regressions(step.step) and settings.on_regression == "stop":
                 trainer.control.should_training_stop = True  # after this step's update
                 echo(f"stopping after step {step.step}: --on-regression stop")
+            save_progress(out, trainer.state.log_history, settings.model)  # a killed run keeps them
         alarmed = [env for env, s in step.stats.items() if env != ALL_ENVS and s.masked_alarm]
         for env in alarmed:
             echo(
@@ -524,7 +525,6 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
             check_regressions(trainer.state.global_step, final=True)
             if final := validation_metrics(after):
                 trainer.log(final)  # the last record: through report_to too
-            write_jsonl(trainer.state.log_history, out / "trainer_log.jsonl")
             timings["validation_after_s"] = time.perf_counter() - t
             echo(f"validation after: {_rewards(after)} ({timings['validation_after_s']:.0f}s)")
     if settings.save_model:
@@ -532,7 +532,7 @@ def train_run(settings: RunSettings, echo: Any = print, policy: tuple[Any, Any] 
 
     # the rollouts, not the metrics files: per-prompt rewards give intervals, not point deltas
     comparison = final_comparison(out, echo)
-    plot_curves(log_path, out / "curves.png", before, after, title=f"GRPO on {settings.model}")
+    save_progress(out, trainer.state.log_history, settings.model)
     lines = list(iter_jsonl(log_path))  # every step of the run, those before a resume too
     timings["total_s"] = time.perf_counter() - began
     summary = {
@@ -656,6 +656,14 @@ def _dynamic_note(step: TokenStep) -> str:
     return f"; dynamic sampling: {', '.join(parts)}" if parts else ""
 
 
+def save_progress(out: Path, log_history: list[dict[str, Any]], model: str) -> None:
+    """``trainer_log.jsonl`` and ``curves.png`` as they stand: after every validation and at the
+    end, so a run stopped between validations still has them up to the last one."""
+    write_jsonl(log_history, out / "trainer_log.jsonl")
+    curves = validation_means(list(iter_jsonl(out / "validation.jsonl")))
+    plot_curves(out / "train_log.jsonl", out / "curves.png", curves, title=f"GRPO on {model}")
+
+
 def validation_means(lines: Sequence[dict[str, Any]]) -> dict[int, dict[str, float]]:
     """``validation.jsonl`` lines as ``{step: {env: mean reward}}``."""
     out: dict[int, dict[str, float]] = {}
@@ -684,52 +692,60 @@ def _moving_average(values: list[float], window: int) -> list[float]:
 def plot_curves(
     log_path: Path,
     png: Path,
-    before: dict[str, float] | None = None,
-    after: dict[str, float] | None = None,
+    validation: Mapping[int, Mapping[str, float]] | None = None,
     title: str = "GRPO",
     window: int = 5,
 ) -> None:
-    """Reward per step for each environment (raw and moving average), validation before/after,
-    and each environment's realized share per step, from a ``train_log.jsonl``."""
+    """Reward per step for each environment (raw and moving average), every validation point
+    (``validation``: ``{step: {env: mean reward}}``, as :func:`validation_means` reads
+    ``validation.jsonl``; eval_only environments too), and each environment's realized share per
+    step, from a ``train_log.jsonl``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     series: dict[str, list[tuple[int, float | None, float]]] = {}
-    for line in iter_jsonl(log_path):
+    for line in iter_jsonl(log_path) if log_path.exists() else ():
         if line.get("env") == ALL_ENVS:
             continue
         series.setdefault(line["env"], []).append(
             (line["step"], line.get("reward_mean"), line["realized_share"])
         )
+    validated: dict[str, list[tuple[int, float]]] = {}
+    for step in sorted(validation or {}):
+        for env, value in (validation or {})[step].items():
+            if not math.isnan(value):
+                validated.setdefault(env, []).append((step, value))
     figure, (top, bottom) = plt.subplots(
         2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
     )
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    last = max((p[0] for points in series.values() for p in points), default=0)
-    for i, (env, points) in enumerate(series.items()):
+    for i, env in enumerate(dict.fromkeys([*series, *validated])):
         color = colors[i % len(colors)]
+        points = series.get(env, [])
         steps = [p[0] for p in points if p[1] is not None]
         rewards = [float(p[1]) for p in points if p[1] is not None]
-        top.plot(steps, rewards, color=color, alpha=0.3, linewidth=1)
-        top.plot(
-            steps,
-            _moving_average(rewards, window),
-            color=color,
-            linewidth=2,
-            label=f"{env} (train, {window}-step mean)",
-        )
-        if before and env in before and after and env in after:
+        if rewards:
+            top.plot(steps, rewards, color=color, alpha=0.3, linewidth=1)
             top.plot(
-                [0, last],
-                [before[env], after[env]],
+                steps,
+                _moving_average(rewards, window),
+                color=color,
+                linewidth=2,
+                label=f"{env} (train, {window}-step mean)",
+            )
+        if env in validated:
+            top.plot(
+                [p[0] for p in validated[env]],
+                [p[1] for p in validated[env]],
                 color=color,
                 linestyle="--",
                 marker="o",
-                label=f"{env} validation before/after",
+                label=f"{env} validation (greedy, after N updates)",
             )
-        bottom.plot([p[0] for p in points], [p[2] for p in points], color=color, marker=".", label=env)
+        if points:
+            bottom.plot([p[0] for p in points], [p[2] for p in points], color=color, marker=".", label=env)
     top.set_ylabel("reward")
     top.set_title(title)
     top.grid(alpha=0.3)
