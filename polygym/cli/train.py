@@ -563,7 +563,8 @@ def run(
     check_report_to(report_to)
     from polygym.cli.compare import print_comparison
     from polygym.training.models import ModelLoadError
-    from polygym.training.run import EnvironmentFailing, RunSettings, train_run
+    from polygym.training.run import RunSettings, train_run
+    from polygym.training.validation import EnvironmentFailing
 
     check_off_policy_options(off_policy, max_staleness, is_cap, vllm_server, vllm_prefix_token_ids)
     settings = RunSettings(
@@ -668,7 +669,8 @@ def compare_mixes_command(
     require_training_extra("gym train compare-mixes")
     from polygym.training.compare_mixes import CompareSettings, compare_mixes, parse_arm
     from polygym.training.models import ModelLoadError
-    from polygym.training.run import EnvironmentFailing, RunSettings
+    from polygym.training.run import RunSettings
+    from polygym.training.validation import EnvironmentFailing
 
     try:
         parsed = tuple(parse_arm(text) for text in arms)

@@ -141,7 +141,7 @@ def test_gym_train_run_reports_a_missing_model_package(tmp_path: Path) -> None:
 
 
 def test_max_regression_flags_are_checked_and_drops_are_found(tmp_path: Path) -> None:
-    from polygym.training.run import regressions
+    from polygym.training.validation import regressions
 
     spec = tmp_path / "blend.yaml"
     spec.write_text("environments:\n  mcqa: {}\nprompts_per_step: 1\n")

@@ -28,7 +28,8 @@ from polygym.training.collector import TokenCollector, TokenStep
 from polygym.training.env_metrics import validation_metrics
 from polygym.training.generation_server import GenerationServerThread, HFGenerator
 from polygym.training.models import tiny_policy, train_top_layers
-from polygym.training.run import plot_curves, stack_config
+from polygym.training.run import stack_config
+from polygym.training.run_report import plot_curves
 from polygym.training.trl_adapter import PolygymGRPO, polygym_reward, prompt_messages
 
 
@@ -195,7 +196,7 @@ def test_plot_from_a_log_draws_every_validation_point(
 
     def capture(figure: Figure, *args: Any, **kwargs: Any) -> None:
         for line in figure.axes[0].get_lines():
-            drawn[str(line.get_label())] = [float(x) for x in line.get_xdata()]
+            drawn[str(line.get_label())] = [float(x) for x in list(line.get_xdata())]  # type: ignore[arg-type]
         save(figure, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", capture)
