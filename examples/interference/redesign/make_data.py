@@ -21,12 +21,12 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[3]
 if not __package__:  # run as a file: make the repository root importable
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from resources_servers.keyword_constraints.data.generate import HELD_WORDS, row
 
+ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent / "data"
 A_VALIDATION = 100
 WORD_LIMITS = (12, 15, 18, 20, 25, 30)
