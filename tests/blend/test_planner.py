@@ -183,7 +183,7 @@ def test_bad_inputs_are_rejected() -> None:
 def test_the_docs_table_is_the_planners() -> None:
     """docs/multi_env_batches.md's table of prompts per step for 2, 5, 10 environments."""
     page = (ROOT / "docs" / "multi_env_batches.md").read_text()
-    rows = re.findall(r"^\| (\d+) \| (.+) \|$", page, flags=re.MULTILINE)
+    rows = re.findall(r"^\| (\d+) \| (\d+ prompts .+) \|$", page, flags=re.MULTILINE)
     assert [int(count) for count, _ in rows] == [2, 5, 10]
     for count, cells in rows:
         envs = demands_from_weights({f"env{i}": 1.0 for i in range(int(count))})
