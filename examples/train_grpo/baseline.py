@@ -18,7 +18,9 @@ A reward only means something next to what a policy with no skill gets on the sa
 Every game is played through ``guess_number``'s ``judge`` and every answer scored through the
 reasoning_gym server's answer extraction and reasoning-gym's own scorer, as the servers do.
 
-Run ``python examples/train_grpo/baseline.py``: prints the table and writes ``results/baselines.json``.
+Run ``python examples/train_grpo/baseline.py [FOLDER]``: prints the table and writes
+``FOLDER/baselines.json`` (default: this example's committed ``results/``; ``run.sh`` gives its run's
+folder).
 """
 
 from __future__ import annotations
@@ -134,8 +136,8 @@ def main() -> None:
         for name, values in found.items():
             details = ", ".join(f"{k} {v}" for k, v in values.items() if k != "reward")
             print(f"{env:14} {values['reward']:.4f}  {name}" + (f" ({details})" if details else ""))
-    out = HERE / "results" / "baselines.json"
-    out.parent.mkdir(exist_ok=True)
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else HERE / "results") / "baselines.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(baselines, indent=2) + "\n")
     print(f"written to {out}")
 

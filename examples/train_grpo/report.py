@@ -5,11 +5,11 @@ trained on nothing (every prompt group's rewards equal, so GRPO's advantages and
 zero), how many groups per environment had no reward spread, how much was masked or truncated,
 and what the greedy validation replies look like before, during and after training. This reads
 ``train_log.jsonl``, ``trainer_log.jsonl``, the validation files and ``rollouts/train.jsonl`` and
-writes two small files next to the committed results: ``report.json`` (the numbers) and
+writes two small files into the run's folder (or a DEST folder): ``report.json`` (the numbers) and
 ``samples.md`` (validation replies side by side and a few training groups, as text, without the
 token ids that make ``rollouts/`` too large to commit).
 
-Run ``python examples/train_grpo/report.py results/train_grpo`` after ``run.sh``.
+Run ``python examples/train_grpo/report.py RUN_FOLDER [DEST]`` (``run.sh`` runs it on its folder).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ if not __package__:  # run as a file: make the repository root importable
 from polygym.jsonl import iter_jsonl
 from resources_servers.guess_number.app import parse_guess
 
-RESULTS = Path(__file__).resolve().parent / "results"
 GAME = "guess_number"
 ARITHMETIC = "reasoning_gym"
 ENV_OF_AGENT = {"guess_number_gymnasium_agent": GAME, "reasoning_gym_simple_agent": ARITHMETIC}
@@ -212,12 +211,13 @@ def sample_lines(found: dict[str, list[dict[str, Any]]], train: list[dict[str, A
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "results/train_grpo")
+    dest = Path(sys.argv[2]) if len(sys.argv) > 2 else out
     found = validations(out)
     train = list(iter_jsonl(out / "rollouts" / "train.jsonl"))
     report = {"training": training_stats(out), "validation": validation_stats(found)}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "samples.md").write_text("\n".join(sample_lines(found, train)))
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (dest / "samples.md").write_text("\n".join(sample_lines(found, train)))
     print(json.dumps(report, indent=2))
 
 

@@ -19,6 +19,14 @@ Quotas are fixed per step rather than rotated between steps: a trainer then sees
 every step, and a step can be sampled on its own (resume from step N without replaying). The price
 is rounding: three equal environments in a step of 4 prompts get 2, 1, 1. The plan warns when the
 planned share strays from the weight share and suggests a step size that fits the weights.
+
+How much of a step each environment needs is counted in prompts *and* rollouts (prompts x
+responses): an environment warns below ``warn_below`` prompts (distinct tasks: one prompt's group is
+one task's signal) or below ``warn_below_rollouts`` rollouts (the samples its share of the gradient
+averages over). With equal weights, every environment added raises the suggested step by the same
+amount: ``n`` environments need ``n x max(warn_below, ceil(warn_below_rollouts / responses))``
+prompts (docs/multi_env_batches.md). An environment with quota 0 is starved in *every* step, since
+quotas are fixed: ``Plan.starved`` names them.
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ from typing import Any
 from polygym.row import ALL_ENVS_LABEL
 
 DEFAULT_WARN_BELOW = 2
+"""Fewest prompts (distinct tasks) per step and environment that raise no warning."""
+DEFAULT_WARN_BELOW_ROLLOUTS = 8
+"""Fewest rollouts (prompts x responses) per step and environment that raise no warning."""
 SHARE_DRIFT_WARNING = Fraction(1, 5)
 """Warn when an environment's planned share differs from its weight share by more than 20%."""
 
@@ -81,11 +92,16 @@ class Plan:
     """The smallest step that gives every environment its minimum (with minimums enforced)."""
     suggested_prompts_per_step: int = 1
     """The smallest step whose plain weight shares already reach every minimum and the warning
-    threshold, so no quota has to be forced and no environment is starved."""
+    thresholds, so no quota has to be forced and no environment is starved."""
 
     @property
     def global_batch_size(self) -> int:
         return self.prompts_per_step * self.responses_per_prompt
+
+    @property
+    def starved(self) -> list[str]:
+        """Environments with no prompt in any step (quotas are the same in every step)."""
+        return [env.name for env in self.environments if env.quota == 0]
 
     @property
     def quotas(self) -> dict[str, int]:
@@ -100,6 +116,7 @@ class Plan:
             "warnings": list(self.warnings),
             "min_prompts_per_step": self.min_prompts_per_step,
             "suggested_prompts_per_step": self.suggested_prompts_per_step,
+            "starved": self.starved,
         }
 
 
@@ -190,10 +207,21 @@ def drifts(quota: int, total: int, share: Fraction) -> bool:
     return abs(Fraction(quota, total) - share) > SHARE_DRIFT_WARNING * share
 
 
-def suggest_prompts_per_step(demands: Sequence[EnvDemand], warn_below: int = DEFAULT_WARN_BELOW) -> int:
+def prompts_needed(responses_per_prompt: int, warn_below: int, warn_below_rollouts: int) -> int:
+    """Fewest prompts of one environment per step that raise no warning: ``warn_below`` prompts and
+    ``warn_below_rollouts`` rollouts of ``responses_per_prompt`` each."""
+    return max(warn_below, math.ceil(warn_below_rollouts / responses_per_prompt))
+
+
+def suggest_prompts_per_step(
+    demands: Sequence[EnvDemand],
+    warn_below: int = DEFAULT_WARN_BELOW,
+    responses_per_prompt: int = 1,
+    warn_below_rollouts: int = DEFAULT_WARN_BELOW_ROLLOUTS,
+) -> int:
     """Smallest step size that needs no warning: every weight share reaches its min_per_step
-    without forcing, every quota reaches ``warn_below``, and no planned share strays more than 20%
-    from its weight share.
+    without forcing, every quota reaches ``prompts_needed`` (prompts and rollouts), and no planned
+    share strays more than 20% from its weight share.
 
     Largest remainder is not monotone in the step size (Alabama paradox), so sizes are tried
     upwards from a lower bound (every environment needs a prompt, so P >= 5 / (6 * share)) to an
@@ -206,7 +234,8 @@ def suggest_prompts_per_step(demands: Sequence[EnvDemand], warn_below: int = DEF
     weights = _integer_weights(fractions)
     whole = sum(weights)
     shares = [Fraction(w, whole) for w in weights]
-    needs = [max(d.min_per_step, warn_below) for d in demands]
+    enough = prompts_needed(responses_per_prompt, warn_below, warn_below_rollouts)
+    needs = [max(d.min_per_step, enough) for d in demands]
     smallest = min(shares)
     upper = max(
         max(1, sum(needs)),
@@ -231,6 +260,7 @@ def make_plan(
     prompts_per_step: int,
     responses_per_prompt: int = 1,
     warn_below: int = DEFAULT_WARN_BELOW,
+    warn_below_rollouts: int = DEFAULT_WARN_BELOW_ROLLOUTS,
 ) -> Plan:
     """The plan of one step shape; raises InfeasiblePlanError when the minimums cannot fit."""
     if not demands:
@@ -241,7 +271,8 @@ def make_plan(
     weights = _fractions(demands)
     whole = sum(weights, Fraction(0))
     pinned = [i in pinned_set for i in range(len(demands))]
-    suggested = suggest_prompts_per_step(demands, warn_below)
+    suggested = suggest_prompts_per_step(demands, warn_below, responses_per_prompt, warn_below_rollouts)
+    shape = StepShape(responses_per_prompt, warn_below, warn_below_rollouts, suggested)
     envs: list[EnvPlan] = []
     warnings: list[str] = []
     for demand, weight, quota, is_pinned in zip(demands, weights, quotas, pinned, strict=True):
@@ -263,7 +294,7 @@ def make_plan(
             )
         )
         drift = quota > 0 and drifts(quota, prompts_per_step, weight / whole)
-        warnings.extend(_warnings(demand, quota, target, planned, is_pinned, drift, warn_below, suggested))
+        warnings.extend(_warnings(demand, quota, target, planned, is_pinned, drift, shape))
     return Plan(
         prompts_per_step=prompts_per_step,
         responses_per_prompt=responses_per_prompt,
@@ -274,26 +305,47 @@ def make_plan(
     )
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """What the warnings of one plan measure each environment against."""
+
+    responses_per_prompt: int
+    warn_below: int
+    warn_below_rollouts: int
+    suggested: int
+
+    @property
+    def hint(self) -> str:
+        r = self.responses_per_prompt
+        return (
+            f"prompts_per_step {self.suggested} ({self.suggested} x {r} = {self.suggested * r} rollouts) "
+            "fits every environment by weight"
+        )
+
+    def shortfall(self, quota: int) -> str | None:
+        """Which threshold ``quota`` prompts fall below (None: neither)."""
+        below = []
+        if quota < self.warn_below:
+            below.append(f"fewer than {self.warn_below} prompts")
+        if quota * self.responses_per_prompt < self.warn_below_rollouts:
+            below.append(f"fewer than {self.warn_below_rollouts} rollouts")
+        return " and ".join(below) or None
+
+
 def _warnings(
-    demand: EnvDemand,
-    quota: int,
-    target: float,
-    planned: float,
-    pinned: bool,
-    drift: bool,
-    warn_below: int,
-    suggested: int,
+    demand: EnvDemand, quota: int, target: float, planned: float, pinned: bool, drift: bool, shape: StepShape
 ) -> list[str]:
     out: list[str] = []
-    hint = f"prompts_per_step {suggested} fits every environment by weight"
+    hint = shape.hint
+    r = shape.responses_per_prompt
     if quota < demand.min_per_step:  # cannot happen for a feasible plan; kept as a safety net
         out.append(f"{demand.name}: {quota} prompts per step, below its min_per_step {demand.min_per_step}")
     elif quota == 0:
-        out.append(f"{demand.name}: starved, 0 prompts per step (weight share {target:.1%}); {hint}")
-    elif quota < warn_below:
+        out.append(f"{demand.name}: starved, 0 prompts in every step (weight share {target:.1%}); {hint}")
+    elif below := shape.shortfall(quota):
         out.append(
-            f"{demand.name}: only {quota} prompt{'s' if quota != 1 else ''} per step "
-            f"(below {warn_below}); its gradient signal per step is noisy; {hint}"
+            f"{demand.name}: only {quota} prompt{'s' if quota != 1 else ''} x {r} responses = {quota * r} "
+            f"rollouts per step ({below}); its gradient signal per step is noisy; {hint}"
         )
     if pinned:
         out.append(

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from polygym.blend.planner import DEFAULT_WARN_BELOW, EnvDemand, Plan, make_plan
+from polygym.blend.planner import DEFAULT_WARN_BELOW, DEFAULT_WARN_BELOW_ROLLOUTS, EnvDemand, Plan, make_plan
 from polygym.errors import BlendSpecError
 from polygym.stack import bounded_yaml
 from polygym.suggest import closest, unknown_name_message
@@ -145,12 +145,19 @@ class BlendSpec(BaseModel):
                 return env
         raise KeyError(unknown_name_message("environment", name, [e.name for e in self.environments]))
 
-    def plan(self, rows: dict[str, int] | None = None, warn_below: int = DEFAULT_WARN_BELOW) -> Plan:
+    def plan(
+        self,
+        rows: dict[str, int] | None = None,
+        warn_below: int = DEFAULT_WARN_BELOW,
+        warn_below_rollouts: int = DEFAULT_WARN_BELOW_ROLLOUTS,
+    ) -> Plan:
         """The step plan of the trained environments (raises planner.InfeasiblePlanError when the
         minimums cannot fit)."""
         rows = rows or {}
         demands = [EnvDemand(e.name, e.weight, e.min_per_step, rows.get(e.name)) for e in self.trained]
-        return make_plan(demands, self.prompts_per_step, self.responses_per_prompt, warn_below)
+        return make_plan(
+            demands, self.prompts_per_step, self.responses_per_prompt, warn_below, warn_below_rollouts
+        )
 
 
 # ---------------------------------------------------------------------------------- loading specs

@@ -16,7 +16,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from polygym.blend.mix import resolve
-from polygym.blend.planner import DEFAULT_WARN_BELOW, InfeasiblePlanError, Plan, plan_summary_rows
+from polygym.blend.planner import (
+    DEFAULT_WARN_BELOW,
+    DEFAULT_WARN_BELOW_ROLLOUTS,
+    InfeasiblePlanError,
+    Plan,
+    plan_summary_rows,
+)
 from polygym.blend.spec import BlendSpec, BlendSpecError
 from polygym.cli.base import (
     EXIT_FAILURE,
@@ -52,8 +58,17 @@ def train() -> None:
     show_default=True,
     help="Warn when an environment gets fewer prompts than this per step.",
 )
+@click.option(
+    "--warn-below-rollouts",
+    type=click.IntRange(min=0),
+    default=DEFAULT_WARN_BELOW_ROLLOUTS,
+    show_default=True,
+    help="Warn when an environment gets fewer rollouts (prompts x responses) than this per step.",
+)
 @click.option("--prompts-per-step", type=click.IntRange(min=1), default=None, help="Try another step size.")
-def plan(spec_path: Path, as_json: bool, warn_below: int, prompts_per_step: int | None) -> None:
+def plan(
+    spec_path: Path, as_json: bool, warn_below: int, warn_below_rollouts: int, prompts_per_step: int | None
+) -> None:
     """Show each environment's exact quota of every training step.
 
     Quotas use largest remainder on the weights after giving every environment its
@@ -64,7 +79,7 @@ def plan(spec_path: Path, as_json: bool, warn_below: int, prompts_per_step: int 
         spec = spec.model_copy(update={"prompts_per_step": prompts_per_step})
     try:
         rows = {env.name: sum(count_rows(p) for p in env.train) for env in resolve(spec)}
-        result = spec.plan(rows, warn_below)
+        result = spec.plan(rows, warn_below, warn_below_rollouts)
     except BlendSpecError as exc:
         fail(str(exc), EXIT_USAGE)
     except InfeasiblePlanError as exc:
@@ -272,10 +287,11 @@ def require_training_extra(command: str) -> None:
     "max_regressions",
     multiple=True,
     metavar="ENV=DELTA",
-    help="Warn when ENV's mean validation reward falls more than DELTA below its step-0 value, at any "
-    "validation (--validate-every) and at the end, judged as gym eval compare judges a regression: the "
-    "95% paired-bootstrap interval of the change over the same prompts lies wholly below -DELTA "
-    "(repeatable; summary.json lists them).",
+    help="Warn when ENV's mean validation reward fell more than DELTA since step 0 and the 95% "
+    "paired-bootstrap interval of the drop (over the same prompts) excludes 0, at any validation "
+    "(--validate-every) and at the end; a validation with no scored rollout of ENV also warns. The "
+    "warning shows the drop and its interval (repeatable; summary.json lists them; rule in "
+    "docs/multi_env_batches.md).",
 )
 @click.option(
     "--on-regression",
@@ -348,6 +364,15 @@ def require_training_extra(command: str) -> None:
     "ids generated instead of re-rendering the history. A server without it fails drifted turns (502).",
 )
 @click.option(
+    "--allow-starved",
+    "allow_starved",
+    multiple=True,
+    metavar="ENV",
+    help="Train although the plan gives ENV 0 prompts in every step (it is still validated). Without "
+    "it such a plan exits 2; every warning of the plan (gym train plan) is shown before step 0 "
+    "(repeatable).",
+)
+@click.option(
     "--dynamic-sampling",
     type=click.IntRange(min=1),
     default=None,
@@ -413,6 +438,7 @@ def run(
     is_cap: float | None,
     vllm_server: str | None,
     vllm_prefix_token_ids: bool,
+    allow_starved: tuple[str, ...],
     dynamic_sampling: int | None,
     checkpoint_every: int | None,
     resume: bool,
@@ -433,7 +459,8 @@ def run(
     check_report_to(report_to)
     from polygym.cli.compare import print_comparison
     from polygym.training.models import ModelLoadError
-    from polygym.training.run import EnvironmentFailing, RunSettings, train_run
+    from polygym.training.run import RunSettings, train_run
+    from polygym.training.validation import EnvironmentFailing
 
     check_off_policy_options(off_policy, max_staleness, is_cap, vllm_server, vllm_prefix_token_ids)
     settings = RunSettings(
@@ -465,6 +492,7 @@ def run(
         is_cap=DEFAULT_IS_CAP if is_cap is None else is_cap,
         vllm_server=vllm_server,
         vllm_prefix_token_ids=vllm_prefix_token_ids,
+        allow_starved=allow_starved,
         dynamic_sampling=dynamic_sampling,
         checkpoint_every=checkpoint_every,
         resume=resume,
@@ -537,7 +565,8 @@ def compare_mixes_command(
     require_training_extra("gym train compare-mixes")
     from polygym.training.compare_mixes import CompareSettings, compare_mixes, parse_arm
     from polygym.training.models import ModelLoadError
-    from polygym.training.run import EnvironmentFailing, RunSettings
+    from polygym.training.run import RunSettings
+    from polygym.training.validation import EnvironmentFailing
 
     try:
         parsed = tuple(parse_arm(text) for text in arms)

@@ -98,6 +98,18 @@ def polygym_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) ->
     return [None if r is None or (isinstance(r, float) and math.isnan(r)) else float(r) for r in rewards]
 
 
+def weighted_mask(mask: list[int], weight: float) -> list[float]:
+    """One ``env_mask`` row: the loss mask times the environment's weight, always as floats.
+
+    Why floats even at weight 1: TRL turns each row into a tensor and pads them into one tensor of
+    the *first* row's dtype, so a single integer row first in the batch (a failed or late slot's
+    placeholder, an environment with no trained tokens) truncated every other row's fractional
+    weight to a whole number (planned 0.5 / 0.5, applied 1.0 / 0.0). With every row float, the loss
+    applies the weights as planned whatever comes first.
+    """
+    return [float(m) * weight for m in mask]
+
+
 class PolygymGRPO:
     """Wires a ``TokenCollector`` (a blend + a stack serving the policy) to ``GRPOTrainer``."""
 
@@ -377,8 +389,7 @@ class PolygymGRPO:
         out["prompt_ids"].append(rollout.input_ids[: rollout.prompt_length])
         out["completion_ids"].append(rollout.completion_ids)
         out["logprobs"].append(rollout.completion_logprobs)
-        mask = rollout.completion_mask
-        out["env_mask"].append(mask if weight == 1.0 else [m * weight for m in mask])
+        out["env_mask"].append(weighted_mask(rollout.completion_mask, weight))
         out[REWARD_FIELD].append(rollout.reward)
         out[ENV_COLUMN].append(rollout.env)
 
@@ -389,6 +400,6 @@ class PolygymGRPO:
         out["prompt_ids"].append(prompt)
         out["completion_ids"].append([pad_id])
         out["logprobs"].append([0.0])
-        out["env_mask"].append([0])
+        out["env_mask"].append(weighted_mask([0], 1.0))
         out[REWARD_FIELD].append(None if rollout is None else rollout.reward)
         out[ENV_COLUMN].append(env)

@@ -12,7 +12,7 @@ evaluates every environment's validation rows greedily, once at the start (the b
 - every ``--every-minutes`` minutes;
 
 (signal and timer label the evaluation one past the previous label). Each evaluation is judged by
-``polygym.training.run.regressions``, the rule ``gym train run --max-regression`` applies (one
+``polygym.training.validation.regressions``, the rule ``gym train run --max-regression`` applies (one
 implementation: an environment regressed when the paired-bootstrap interval of its change since
 the baseline, over the same rows, lies wholly below ``-DELTA``, or when none of its rollouts was
 scored). An alarm is printed, appended to ``alarms.jsonl``, handed to ``--hook`` (a command run with
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -54,13 +55,8 @@ from polygym.row import reward
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
 from polygym.stack.session import StackSession, StackTarget
-from polygym.training.run import (
-    describe_regression,
-    regressions,
-    validation_file,
-    validation_jobs,
-    validation_lines,
-)
+from polygym.training.regression import Regression
+from polygym.training.validation import regressions, validation_file, validation_jobs, validation_lines
 
 OnAlarm = Literal["exit", "continue"]
 POLL_S = 0.2
@@ -226,13 +222,12 @@ async def watch(settings: WatchSettings, echo: Callable[[str], None] = print) ->
                 echo(f"step {label}: " + ", ".join(_mean_text(line) for line in lines))
                 if label == 0:
                     _require_scored(rewards, out)
-                found = _judge(label, out, settings, agents) if label else []
+                found = [alarm_record(r) for r in _judge(label, out, settings, agents)] if label else []
                 if found:
                     result.alarms.extend(found)
                     append_jsonl(found, out / "alarms.jsonl")
                     for alarm in found:
-                        limit = settings.max_regression[alarm["env"]]
-                        echo(f"alarm: {describe_regression(alarm)} (--max-regression {limit})")
+                        echo(f"alarm: {alarm['message']}")
                     if settings.hook:
                         run_hook(settings.hook, found, out, echo)
                     if settings.on_alarm == "exit":
@@ -254,7 +249,13 @@ async def _next_label(triggers: Triggers, previous: int) -> int:
     return label
 
 
-def _judge(label: int, out: Path, settings: WatchSettings, agents: dict[str, str]) -> list[dict[str, Any]]:
+def alarm_record(verdict: Regression) -> dict[str, Any]:
+    """An alarm as ``alarms.jsonl`` and the hook's ``POLYGYM_ALARMS`` carry it: the verdict's
+    fields and the line ``gym train run`` prints for it."""
+    return {**dataclasses.asdict(verdict), "message": verdict.describe()}
+
+
+def _judge(label: int, out: Path, settings: WatchSettings, agents: dict[str, str]) -> list[Regression]:
     return regressions(
         label, validation_file(out, 0), validation_file(out, label), settings.max_regression, agents
     )

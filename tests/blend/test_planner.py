@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 import pytest
@@ -15,8 +16,10 @@ from polygym.blend.planner import (
     demands_from_weights,
     largest_remainder,
     make_plan,
+    prompts_needed,
     suggest_prompts_per_step,
 )
+from tests.conftest import ROOT
 
 weights_st = st.one_of(
     st.integers(min_value=1, max_value=50).map(float),
@@ -96,15 +99,36 @@ def test_pinned_environments_get_exactly_their_minimum_and_the_rest_follow_weigh
 
 
 @pytest.mark.slow
-@given(demands(), st.integers(min_value=0, max_value=4))
+@given(
+    demands(),
+    st.integers(min_value=0, max_value=4),
+    st.integers(min_value=1, max_value=16),
+    st.integers(min_value=0, max_value=16),
+)
 @settings(max_examples=200, deadline=None, database=None)
-def test_suggested_step_size_needs_no_forcing_and_no_warning(envs: list[EnvDemand], warn_below: int) -> None:
-    suggested = suggest_prompts_per_step(envs, warn_below)
-    plan = make_plan(envs, suggested, warn_below=warn_below)
+def test_suggested_step_size_needs_no_forcing_and_no_warning(
+    envs: list[EnvDemand], warn_below: int, responses: int, warn_below_rollouts: int
+) -> None:
+    suggested = suggest_prompts_per_step(envs, warn_below, responses, warn_below_rollouts)
+    plan = make_plan(envs, suggested, responses, warn_below, warn_below_rollouts)
     assert plan.suggested_prompts_per_step == suggested
     assert not any(p.pinned for p in plan.environments)
     assert plan.warnings == []
     assert all(p.quota >= max(p.min_per_step, warn_below) for p in plan.environments)
+    assert all(p.rollouts_per_step >= warn_below_rollouts for p in plan.environments)
+
+
+@pytest.mark.parametrize("responses", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("count", [2, 5, 10])
+def test_prompts_per_step_scale_with_the_environments_added(count: int, responses: int) -> None:
+    """The rule docs/multi_env_batches.md states: n equal environments need n x max(2 prompts,
+    ceil(8 rollouts / responses)) prompts per step, and one prompt fewer warns."""
+    envs = demands_from_weights({f"env{i}": 1.0 for i in range(count)})
+    each = prompts_needed(responses, 2, 8)
+    assert each == max(2, -(-8 // responses))
+    assert suggest_prompts_per_step(envs, responses_per_prompt=responses) == count * each
+    assert make_plan(envs, count * each, responses).warnings == []
+    assert make_plan(envs, count * each - 1, responses).warnings != []
 
 
 def test_three_to_one_in_a_step_of_four() -> None:
@@ -115,10 +139,14 @@ def test_three_to_one_in_a_step_of_four() -> None:
     assert plan.global_batch_size == 8
     assert [e.rollouts_per_step for e in plan.environments] == [6, 2]
     assert [e.steps_per_epoch for e in plan.environments] == [10.0, 5.0]
+    hint = "prompts_per_step 15 (15 x 2 = 30 rollouts) fits every environment by weight"
     assert plan.warnings == [
-        "b: only 1 prompt per step (below 2); its gradient signal per step is noisy; "
-        "prompts_per_step 7 fits every environment by weight"
+        f"a: only 3 prompts x 2 responses = 6 rollouts per step (fewer than 8 rollouts); its gradient "
+        f"signal per step is noisy; {hint}",
+        f"b: only 1 prompt x 2 responses = 2 rollouts per step (fewer than 2 prompts and fewer than 8 "
+        f"rollouts); its gradient signal per step is noisy; {hint}",
     ]
+    assert plan.starved == []
 
 
 def test_minimum_lifts_a_small_environment_and_is_reported() -> None:
@@ -133,7 +161,8 @@ def test_minimum_lifts_a_small_environment_and_is_reported() -> None:
 def test_ties_go_to_the_earlier_environment_and_starvation_is_warned() -> None:
     plan = make_plan(demands_from_weights({"a": 1, "b": 1, "c": 1}), 2)
     assert plan.quotas == {"a": 1, "b": 1, "c": 0}
-    assert any(w.startswith("c: starved, 0 prompts per step") for w in plan.warnings)
+    assert any(w.startswith("c: starved, 0 prompts in every step") for w in plan.warnings)
+    assert plan.starved == ["c"] and plan.to_dict()["starved"] == ["c"]
 
 
 def test_infeasible_minimums_name_the_smallest_step() -> None:
@@ -153,3 +182,15 @@ def test_bad_inputs_are_rejected() -> None:
     with pytest.raises(ValueError, match="unique"):
         apportion([EnvDemand("a", 1.0), EnvDemand("a", 2.0)], 4)
     assert largest_remainder([], 3) == []
+
+
+def test_the_docs_table_is_the_planners() -> None:
+    """docs/multi_env_batches.md's table of prompts per step for 2, 5, 10 environments."""
+    page = (ROOT / "docs" / "multi_env_batches.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (\d+ prompts .+) \|$", page, flags=re.MULTILINE)
+    assert [int(count) for count, _ in rows] == [2, 5, 10]
+    for count, cells in rows:
+        envs = demands_from_weights({f"env{i}": 1.0 for i in range(int(count))})
+        for responses, cell in zip((2, 4, 8), cells.split(" | "), strict=True):
+            prompts = suggest_prompts_per_step(envs, responses_per_prompt=responses)
+            assert cell == f"{prompts} prompts ({prompts * responses} rollouts)"

@@ -143,7 +143,7 @@ def test_gym_train_run_reports_a_missing_model_package(tmp_path: Path) -> None:
 
 
 def test_max_regression_flags_are_checked_and_drops_are_found(tmp_path: Path) -> None:
-    from polygym.training.run import regressions
+    from polygym.training.validation import regressions
 
     spec = tmp_path / "blend.yaml"
     spec.write_text("environments:\n  mcqa: {}\nprompts_per_step: 1\n")
@@ -168,25 +168,24 @@ def test_max_regression_flags_are_checked_and_drops_are_found(tmp_path: Path) ->
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
         return path
 
-    base = validation(tmp_path / "before.jsonl", {"a": [1.0] * 32, "b": [1.0] * 32, "c": [1.0] * 32})
+    before = validation(tmp_path / "before.jsonl", {"a": [1.0] * 32, "b": [1.0] * 32, "c": [1.0] * 32})
     # a: 20 of 32 prompts lost; b: 1 of 32 (a point drop past 0.02, an interval reaching 0); c: not scored
     now = validation(tmp_path / "step_4.jsonl", {"a": [0.0] * 20 + [1.0] * 12, "b": [0.0] + [1.0] * 31})
     agents = {env: f"{env}_agent" for env in "abc"}
-    found = regressions(4, base, now, {"a": 0.1, "b": 0.02, "c": 0.1}, agents)
-    assert [(r["env"], r["drop"]) for r in found] == [("a", pytest.approx(0.625)), ("c", None)]
-    low, high = found[0]["interval"]
-    assert low <= -0.625 <= high < -0.1
+    found = regressions(4, before, now, {"a": 0.1, "b": 0.02, "c": 0.1}, agents)
+    assert [(r.env, r.drop) for r in found] == [("a", pytest.approx(0.625)), ("c", None)]
+    assert found[0].interval is not None and 0 < found[0].interval[0] <= 0.625 <= found[0].interval[1]
 
 
 def test_on_regression_stop_ends_training_after_the_regressed_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from polygym.training import run as run_module
+    from polygym.training.regression import Regression
 
-    def always(step: int, base: Path, now: Path, limits: Any, agents: Any) -> list[dict[str, Any]]:
+    def always(step: int, base: Path, now: Path, limits: Any, agents: Any) -> list[Regression]:
         assert base.name == "validation_before.jsonl" and now.exists()  # judged on the rollouts
-        drop = {"before": 1.0, "now": 0.0, "drop": 1.0, "interval": [-1.0, -1.0]}
-        return [{"step": step, "env": "mcqa", **drop}]
+        return [Regression("mcqa", step, 0.1, True, 1.0, 0.0, 1.0, (1.0, 1.0), 4)]
 
     monkeypatch.setattr(run_module, "regressions", always)
     spec = tmp_path / "blend.yaml"
@@ -206,7 +205,7 @@ def test_on_regression_stop_ends_training_after_the_regressed_step(
     ]
     result = CliRunner().invoke(gym, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert "warning: mcqa validation reward fell 1.000" in result.output
+    assert "warning: mcqa validation reward fell +1.000 since step 0" in result.output
     assert "stopping after step 1" in result.output
     trained = {line["step"] for line in iter_jsonl(out / "train_log.jsonl")}
     assert trained == {0, 1}  # step 1's update ran, steps 2 and 3 never did
@@ -281,3 +280,93 @@ def test_gym_train_run_help_documents_every_option() -> None:
     help_text = CliRunner().invoke(gym, ["train", "run", "--help"], terminal_width=200).output
     for flag in ("--dynamic-sampling", "--checkpoint-every", "--resume", "--report-to", "--seed"):
         assert flag in help_text
+
+
+def starving_spec(tmp_path: Path) -> Path:
+    """Three trained environments in steps of 2 prompts: the third gets none, in every step."""
+    games = tmp_path / "games.jsonl"
+    games.write_text(json.dumps(GAME) + "\n")
+    spec = tmp_path / "starving.yaml"
+    spec.write_text(
+        "environments:\n"
+        "  mcqa: {}\n"
+        "  guess_number:\n"
+        "    agent: guess_number_gymnasium_agent\n"
+        "    train: games.jsonl\n"
+        "    validation: games.jsonl\n"
+        "  example_single_tool_call:\n"
+        f"    validation: {ROOT / 'resources_servers/example_single_tool_call/data/example.jsonl'}\n"
+        "prompts_per_step: 2\n"
+        "responses_per_prompt: 2\n"
+    )
+    return spec
+
+
+def train_tiny(spec: Path, out: Path, *extra: str) -> Any:
+    args = ["train", "run", str(spec), "--output", str(out), "--model", "tiny", "--steps", "1"]
+    args += ["--validation-limit", "1", "--max-output-tokens", "4", "--train-layers", "1", *extra]
+    return CliRunner().invoke(gym, args, catch_exceptions=False)
+
+
+def test_a_plan_that_starves_an_environment_is_refused_before_any_work(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = train_tiny(starving_spec(tmp_path), out)
+    assert result.exit_code == 2, result.output
+    flat = " ".join(result.output.split())  # the console wraps long lines
+    assert "warning: plan: example_single_tool_call: starved, 0 prompts in every step" in flat
+    assert (
+        "example_single_tool_call would get 0 of the 2 prompts in every step of the run (never trained, "
+        "still validated); raise prompts_per_step to 12" in flat
+    )
+    assert "--allow-starved example_single_tool_call to train without it" in flat
+    assert "policy tiny" not in flat and not out.exists()  # refused before the model or any file
+    typo = train_tiny(starving_spec(tmp_path), out, "--allow-starved", "example_single")
+    assert typo.exit_code == 2 and "--allow-starved: no trained environment example_single" in typo.output
+
+
+def test_every_plan_warning_is_shown_before_step_0_and_an_allowed_starvation_runs(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = train_tiny(starving_spec(tmp_path), out, "--allow-starved", "example_single_tool_call")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    warned = [i for i, line in enumerate(lines) if line.startswith("warning: plan: ")]
+    first_step = next(i for i, line in enumerate(lines) if line.startswith("step 0:"))
+    assert len(warned) == 5 and max(warned) < first_step  # too few and drifted (x2), the starved one
+    flat = " ".join(result.output.split())
+    for env in ("mcqa", "guess_number"):
+        assert f"warning: plan: {env}: only 1 prompt x 2 responses = 2 rollouts per step" in flat
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["starved_environments"] == ["example_single_tool_call"]
+    assert summary["settings"]["allow_starved"] == ["example_single_tool_call"]
+
+
+def test_an_empty_later_validation_is_a_regression_alarm_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every validation rollout after step 0 lost (the file holds none): an alarm, and the run ends."""
+    from polygym.training import run as run_module
+
+    validate = run_module.validate
+
+    def failing_later(collector: Any, blend: Any, output: Path, *args: Any) -> dict[str, list[float]]:
+        rewards = validate(collector, blend, output, *args)
+        if output.name == "validation_before.jsonl":
+            return rewards
+        output.write_text("")  # no scored rollout, and no metrics of them
+        output.with_name(f"{output.stem}_aggregate_metrics.json").unlink(missing_ok=True)
+        return {env: [] for env in rewards}
+
+    monkeypatch.setattr(run_module, "validate", failing_later)
+    spec = tmp_path / "blend.yaml"
+    spec.write_text("environments:\n  mcqa: {}\nprompts_per_step: 2\nresponses_per_prompt: 2\n")
+    out = tmp_path / "run"
+    result = train_tiny(spec, out, "--validate-every", "1", "--max-regression", "mcqa=0.1")
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert "warning: mcqa: no validation rollout was scored at step 1 (--max-regression alarm)" in flat
+    assert "warning: no comparison.json" in flat
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(r["step"], r["env"], r["alarm"], r["drop"]) for r in summary["validation_regressions"]] == [
+        (1, "mcqa", True, None)
+    ]
+    assert summary["regressions"] is None and not (out / "comparison.json").exists()

@@ -28,7 +28,8 @@ from polygym.training.collector import TokenCollector, TokenStep
 from polygym.training.env_metrics import validation_metrics
 from polygym.training.generation_server import GenerationServerThread, HFGenerator
 from polygym.training.models import tiny_policy, train_top_layers
-from polygym.training.run import plot_curves, stack_config
+from polygym.training.run import stack_config
+from polygym.training.run_report import plot_curves
 from polygym.training.trl_adapter import PolygymGRPO, polygym_reward, prompt_messages
 
 
@@ -178,7 +179,11 @@ def test_training_log_probs_use_the_sampling_temperature(setup: dict[str, Any]) 
         collector.sampling = original
 
 
-def test_plot_from_a_log(tmp_path: Path) -> None:
+def test_plot_from_a_log_draws_every_validation_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matplotlib.figure import Figure
+
     log = tmp_path / "log.jsonl"
     lines = [
         {"step": s, "env": env, "reward_mean": r, "realized_share": 0.5}
@@ -186,8 +191,23 @@ def test_plot_from_a_log(tmp_path: Path) -> None:
         for env, r in (("a", s / 10), ("b", 1 - s / 10), ("_all", 0.5))
     ]
     log.write_text("".join(__import__("json").dumps(line) + "\n" for line in lines))
-    plot_curves(log, tmp_path / "c.png", {"a": 0.1, "b": 0.9}, {"a": 0.5, "b": 0.4})
+    drawn: dict[str, list[float]] = {}
+    save = Figure.savefig
+
+    def capture(figure: Figure, *args: Any, **kwargs: Any) -> None:
+        for line in figure.axes[0].get_lines():
+            drawn[str(line.get_label())] = [float(x) for x in list(line.get_xdata())]  # type: ignore[arg-type]
+        save(figure, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", capture)
+    validation = {0: {"a": 0.1, "b": 0.9, "watched": 0.5}, 2: {"a": 0.3, "b": 0.8, "watched": 0.4}}
+    validation[5] = {"a": 0.5, "b": 0.4, "watched": math.nan}  # nothing scored: no point
+    plot_curves(log, tmp_path / "c.png", validation)
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    label = "validation (greedy, after N updates)"
+    assert drawn[f"a {label}"] == drawn[f"b {label}"] == [0, 2, 5]  # every validation, not before/after
+    assert drawn[f"watched {label}"] == [0, 2]  # an eval_only environment, never trained, drawn too
+    assert drawn["a (train, 5-step mean)"] == [0, 1, 2, 3, 4, 5]
 
 
 def test_plan_normalization_trains_and_refuses_a_per_sequence_loss(setup: dict[str, Any]) -> None:
