@@ -133,7 +133,7 @@ def test_watch_raises_the_alarm_when_the_policy_regresses(tmp_path: Path) -> Non
     [alarm] = list(iter_jsonl(out / "alarms.jsonl"))
     assert alarm["env"] == "parity" and alarm["step"] == 20 and alarm["drop"] == pytest.approx(1.0)
     assert orjson.loads((tmp_path / "hook.json").read_bytes()) == [alarm]
-    assert "alarm: parity validation reward fell 1.000 since step 0" in output
+    assert "alarm: parity validation reward fell +1.000 since step 0" in output
     # each evaluation is a gym eval run file set, as gym train run's validations are
     assert len(list(iter_jsonl(out / "validation_before.jsonl"))) == 4
     assert [r["reward"] for r in iter_jsonl(out / "validation" / "step_20.jsonl")] == [0.0] * 4
