@@ -21,9 +21,10 @@ from rich.console import Console
 from polygym.cli.nemo_gym_commands import SELECTOR_FLAGS_NOT_PROVIDED, not_provided
 from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
 from polygym.protocol import MODEL_KIND
-from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
+from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, SHADOWS, folder_origin, selector_paths
 from polygym.stack.config import CONFIG_PATHS, ConfigError, StackConfig, load_config
 from polygym.stack.env_build import PYTHON_KEY
+from polygym.stack.external import NO_FOLDER
 from polygym.suggest import unknown_name_message
 
 T = TypeVar("T")
@@ -217,7 +218,24 @@ def load_stack_config(
         fail(str(exc), exc.exit_code)
     for warning in config.warnings:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
+    say_folders(config)
     return config
+
+
+def say_folders(config: StackConfig) -> None:
+    """Name every server's folder that is not polygym's shipped one, so no swap is silent: a
+    NeMo Gym root's, a config's own, or the working directory's (a warning when it shadows a
+    shipped one)."""
+    for spec in config.servers.values():
+        origin = (
+            None
+            if spec.directory == NO_FOLDER
+            else folder_origin(spec.kind, spec.implementation, spec.directory)
+        )
+        if origin is not None:
+            shadows = SHADOWS in origin
+            label = "warning" if shadows else "note"
+            click.secho(f"{label}: {spec.name} runs {origin}", fg="yellow" if shadows else None, err=True)
 
 
 GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)

@@ -99,7 +99,7 @@ class Environment:
         return {spec.name: spec for spec in self.config.by_kind(AGENT_KIND)}
 
     def default_agent(self) -> str | None:
-        """``<name>_simple_agent``, else the config's only agent (e.g. a gymnasium_agent)."""
+        """``<name>_simple_agent``, else the config's only agent (e.g. a episodic_agent)."""
         agents = self.agents
         preferred = f"{self.name}_simple_agent"
         if preferred in agents:
