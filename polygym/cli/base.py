@@ -121,15 +121,20 @@ def _with_nemo_gym_flags(func: F) -> F:
     return command  # type: ignore[return-value]
 
 
+ALLOW_UNSUPPORTED_PAIRING_ENV_VAR = "NEMO_GYM_ALLOW_UNSUPPORTED_PAIRING"
+
+
 def _with_nemo_gym_selectors(func: F) -> F:
     """NeMo Gym's selection flags without a polygym counterpart: ``--benchmark``, ``--environment``
-    and ``--agent-type`` exit 2 naming the flag and why (never silently dropped);
-    ``--allow-unsupported-pairing`` is taken and does nothing, since polygym never refuses an
-    agent or model that an environment does not declare, which is all the flag allows."""
+    and ``--agent-type`` exit 2 naming the flag and why (never silently dropped).
+    ``--allow-unsupported-pairing``: polygym never refuses an agent or model that an environment
+    does not declare, but NeMo Gym's own servers check their config at start, so the flag reaches
+    them as NeMo Gym's ``NEMO_GYM_ALLOW_UNSUPPORTED_PAIRING=1`` (every child inherits it)."""
 
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
-        kwargs.pop("allow_unsupported_pairing")
+        if kwargs.pop("allow_unsupported_pairing"):
+            os.environ[ALLOW_UNSUPPORTED_PAIRING_ENV_VAR] = "1"
         given = [name for name in SELECTOR_FLAGS_NOT_PROVIDED if kwargs.pop(name)]
         if given:
             problems = [f"--{name.replace('_', '-')} {SELECTOR_FLAGS_NOT_PROVIDED[name]}" for name in given]
@@ -144,7 +149,8 @@ def _with_nemo_gym_selectors(func: F) -> F:
     command = click.option(
         "--allow-unsupported-pairing",
         is_flag=True,
-        help="NeMo Gym's: accepted; polygym never refuses an agent or model an environment does not declare.",
+        help="NeMo Gym's: passed to NeMo Gym's servers (polygym never refuses an agent or model "
+        "an environment does not declare).",
     )(command)
     return command  # type: ignore[return-value]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -68,8 +69,36 @@ def test_an_unfinished_entry_is_rebuilt(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(env_build, "_build", build)
     assert (ensure_env(INPUTS, announce=False) / env_build.READY_MARKER).is_file()
-    assert len(built) == 1 and built[0] != tmp_path / INPUTS.key()
+    assert built == [tmp_path / INPUTS.key()]  # built where it stays: its scripts name that folder
     assert not killed.exists()
+
+
+def test_a_copied_environments_scripts_point_at_the_copy(tmp_path: Path) -> None:
+    """A venv copied from the base one gets its scripts' paths rewritten; links are left alone."""
+    base, copy = tmp_path / "base", tmp_path / "copy"
+    (base / "bin").mkdir(parents=True)
+    (base / "bin" / "pip").write_text(f"#!{base}/bin/python\nimport pip\n")
+    (base / "bin" / "activate").write_text(f'VIRTUAL_ENV="{base}"\n')
+    (base / "bin" / "python").symlink_to(sys.executable)
+    shutil.copytree(base, copy, symlinks=True)
+    env_build.relocate_scripts(copy, base)
+    assert (copy / "bin" / "pip").read_text() == f"#!{copy}/bin/python\nimport pip\n"
+    assert (copy / "bin" / "activate").read_text() == f'VIRTUAL_ENV="{copy}"\n'
+    assert (copy / "bin" / "python").readlink() == Path(sys.executable)
+
+
+def test_uv_installs_when_at_hand_and_pip_when_requires_python_must_be_ignored(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "uv").write_text("")
+    install, what = env_build.installer(tmp_path, INPUTS)
+    assert what == "uv pip install" and install[:4] == [
+        str(tmp_path / "bin" / "uv"),
+        "pip",
+        "install",
+        "--python",
+    ]
+    install, what = env_build.installer(tmp_path, replace(INPUTS, ignore_requires_python=True))
+    assert what == "pip install" and "--ignore-requires-python" in install
 
 
 def test_a_python_that_does_not_exist_is_a_usage_error() -> None:
