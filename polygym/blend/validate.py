@@ -163,9 +163,12 @@ def _selected(envs: Sequence[str], problems: list[str]) -> dict[str, Environment
     for name in envs:
         try:
             selected[name] = load_environment(name)
-        except EnvironmentNotFoundError:
+        except EnvironmentNotFoundError as exc:
             known = list_implementations(RESOURCES_KIND)
-            problems.append(f"--env {name}: {unknown_name_message('environment', name, known)}")
+            if name in known:  # the folder exists: say what is missing in it, not "did you mean"
+                problems.append(f"--env {name}: {'; '.join(exc.problems)}")
+            else:
+                problems.append(f"--env {name}: {unknown_name_message('environment', name, known)}")
         except ConfigError as exc:
             problems.append(f"--env {name}: its config does not load: {'; '.join(exc.problems)}")
     return selected
