@@ -87,3 +87,11 @@ def test_gym_eval_run_refuses_a_task_source_it_cannot_route(tmp_path: Path) -> N
     assert result.exit_code == 2
     assert "task_source 'no_such_instance': cannot route: not a server instance" in result.output
     assert not out.exists()
+
+
+def test_gym_data_validate_routes_task_source_rows(tmp_path: Path) -> None:
+    from polygym.blend.validate import validate_files
+
+    assert validate_files([rows_with_task_source(tmp_path, "example_single_tool_call")]).problems == []
+    problems = validate_files([rows_with_task_source(tmp_path, "nope")]).problems
+    assert problems and all("task_source 'nope': cannot route" in problem for problem in problems)
