@@ -17,8 +17,8 @@ same environment twice.
 
 Every environment holds ``uv`` (NeMo Gym's servers call it: its ``ng_run`` builds with uv and
 some servers install tools at start), and installs are made with uv when one is at hand (the base
-environment's own, or one on PATH) unless pip's ``--ignore-requires-python`` is needed, which uv
-has no counterpart for.
+environment's own, or one on PATH). An interpreter older than nemo-gym declares gets pip's
+``--ignore-requires-python``, or with uv its ``--python-version`` at nemo-gym's floor.
 
 Cache root: ``POLYGYM_ENV_CACHE``, else ``~/.cache/polygym/envs``.
 """
@@ -34,6 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -277,15 +278,33 @@ def _build(work: Path, inputs: EnvInputs) -> None:
 
 def installer(env: Path, inputs: EnvInputs) -> tuple[list[str], str]:
     """The install command for ``env`` and its name: uv (the environment's own, else one on PATH)
-    when there is one and the interpreter meets nemo-gym's Requires-Python, else pip."""
+    when there is one, else pip. An interpreter older than nemo-gym declares (pip's
+    ``--ignore-requires-python``) gets uv's ``--python-version`` at nemo-gym's floor instead, when
+    that floor is known and of the same minor version (so the same wheels fit)."""
     own = env / "bin" / "uv"
     uv = str(own) if own.is_file() else shutil.which("uv")
-    if uv is not None and not inputs.ignore_requires_python:
-        return [uv, "pip", "install", "--python", str(venv_python(env))], "uv pip install"
+    floor = _same_minor_floor(inputs) if inputs.ignore_requires_python else None
+    if uv is not None and (floor is not None or not inputs.ignore_requires_python):
+        install = [uv, "pip", "install", "--python", str(venv_python(env))]
+        return [*install, *(["--python-version", floor] if floor else [])], "uv pip install"
     pip = [str(venv_python(env)), "-m", "pip", "install", "--disable-pip-version-check"]
     if inputs.ignore_requires_python:
         pip.append("--ignore-requires-python")
     return pip, "pip install"
+
+
+def _same_minor_floor(inputs: EnvInputs) -> str | None:
+    """nemo-gym's ``Requires-Python`` lower bound (from its wheel), when it has the interpreter's minor."""
+    try:
+        with zipfile.ZipFile(inputs.nemo_gym) as wheel:
+            name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+            text = wheel.read(name).decode(errors="replace")
+    except (OSError, zipfile.BadZipFile, StopIteration):
+        return None
+    match = re.search(r"^Requires-Python:\s*>=\s*(\d+\.\d+(?:\.\d+)?)\s*$", text, re.MULTILINE)
+    if match is None or _sort_key(match[1])[:2] != _sort_key(inputs.python_version)[:2]:
+        return None
+    return match[1]
 
 
 def relocate_scripts(env: Path, copied_from: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -97,8 +98,14 @@ def test_uv_installs_when_at_hand_and_pip_when_requires_python_must_be_ignored(t
         "install",
         "--python",
     ]
-    install, what = env_build.installer(tmp_path, replace(INPUTS, ignore_requires_python=True))
+    older = replace(INPUTS, ignore_requires_python=True)
+    install, what = env_build.installer(tmp_path, older)  # nemo-gym's floor unknown: pip
     assert what == "pip install" and "--ignore-requires-python" in install
+    wheel = tmp_path / "nemo_gym-9.9.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("nemo_gym-9.9.0.dist-info/METADATA", "Name: nemo-gym\nRequires-Python: >=3.12.14\n")
+    install, what = env_build.installer(tmp_path, replace(older, nemo_gym=str(wheel)))
+    assert what == "uv pip install" and install[-2:] == ["--python-version", "3.12.14"]
 
 
 def test_a_python_that_does_not_exist_is_a_usage_error() -> None:
