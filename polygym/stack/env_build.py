@@ -308,15 +308,18 @@ def _same_minor_floor(inputs: EnvInputs) -> str | None:
 
 
 def relocate_scripts(env: Path, copied_from: Path) -> None:
-    """Point a copied venv's scripts (``bin/pip``, console scripts' shebangs, ``activate``) at
-    ``env`` instead of the folder they were copied from, so they run after the copy."""
-    old, new = str(copied_from).encode(), str(env).encode()
+    """Point a copied venv's scripts (``bin/pip``, console scripts' shebangs, ``activate`` and its
+    prompt) at ``env`` instead of the folder they were copied from, so they run after the copy."""
+    renames = [(str(copied_from).encode(), str(env).encode()), (copied_from.name.encode(), env.name.encode())]
     for script in (env / "bin").iterdir():
         if script.is_symlink() or not script.is_file():
             continue
         data = script.read_bytes()
-        if old in data:
-            script.write_bytes(data.replace(old, new))
+        moved = data
+        for old, new in renames:
+            moved = moved.replace(old, new)
+        if moved != data:
+            script.write_bytes(moved)
 
 
 def _run(command: list[str], log: Path, what: str) -> None:

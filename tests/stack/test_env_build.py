@@ -79,12 +79,12 @@ def test_a_copied_environments_scripts_point_at_the_copy(tmp_path: Path) -> None
     base, copy = tmp_path / "base", tmp_path / "copy"
     (base / "bin").mkdir(parents=True)
     (base / "bin" / "pip").write_text(f"#!{base}/bin/python\nimport pip\n")
-    (base / "bin" / "activate").write_text(f'VIRTUAL_ENV="{base}"\n')
+    (base / "bin" / "activate").write_text(f'VIRTUAL_ENV="{base}"\nPS1="(base) $PS1"\n')
     (base / "bin" / "python").symlink_to(sys.executable)
     shutil.copytree(base, copy, symlinks=True)
     env_build.relocate_scripts(copy, base)
     assert (copy / "bin" / "pip").read_text() == f"#!{copy}/bin/python\nimport pip\n"
-    assert (copy / "bin" / "activate").read_text() == f'VIRTUAL_ENV="{copy}"\n'
+    assert (copy / "bin" / "activate").read_text() == f'VIRTUAL_ENV="{copy}"\nPS1="(copy) $PS1"\n'
     assert (copy / "bin" / "python").readlink() == Path(sys.executable)
 
 
