@@ -258,7 +258,8 @@ class NemoGymServers:
         for each in {(i.python, i.python_version) for i in distinct if i.ignore_requires_python}:
             print(
                 f"warning: nemo-gym declares a newer Python than {each[1]} ({each[0]}); installing it "
-                f"there with --ignore-requires-python (choose another: --nemo-gym-python, {PYTHON_KEY})",
+                "there anyway (uv's --python-version at nemo-gym's floor, else pip's "
+                f"--ignore-requires-python; choose another: --nemo-gym-python, {PYTHON_KEY})",
                 file=sys.stderr,
             )
         built = await asyncio.gather(*(asyncio.to_thread(ensure_env, each) for each in distinct))
