@@ -231,17 +231,20 @@ def load_stack_config(
 def say_folders(config: StackConfig) -> None:
     """Name every server's folder that is not polygym's shipped one, so no swap is silent: a
     NeMo Gym root's, a config's own, or the working directory's (a warning when it shadows a
-    shipped one)."""
+    shipped one). Servers run from the same folder are named together, once."""
+    by_origin: dict[str, list[str]] = {}
     for spec in config.servers.values():
-        origin = (
-            None
-            if spec.directory == NO_FOLDER
-            else folder_origin(spec.kind, spec.implementation, spec.directory)
+        if spec.directory != NO_FOLDER:
+            origin = folder_origin(spec.kind, spec.implementation, spec.directory)
+            if origin is not None:
+                by_origin.setdefault(origin, []).append(spec.name)
+    for origin, names in by_origin.items():
+        shadows = SHADOWS in origin
+        label = "warning" if shadows else "note"
+        runs = "runs" if len(names) == 1 else "run"
+        click.secho(
+            f"{label}: {', '.join(names)} {runs} {origin}", fg="yellow" if shadows else None, err=True
         )
-        if origin is not None:
-            shadows = SHADOWS in origin
-            label = "warning" if shadows else "note"
-            click.secho(f"{label}: {spec.name} runs {origin}", fg="yellow" if shadows else None, err=True)
 
 
 GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)

@@ -87,6 +87,8 @@ REFUSAL_MARK = "polygym: NeMo Gym refused the config: "
 """What ``nemo_gym_resolve`` prints before NeMo Gym's own reason (its exception), so that reason is
 shown rather than the tail of whatever NeMo Gym logged before it (often the whole config)."""
 REASON_LINES = 40
+CONFIG_DUMP = "\nFound global config dict yaml:"
+"""Where NeMo Gym 0.7.0 starts appending the whole config to an exception's message."""
 
 
 def entrypoint_of(spec: ServerSpec) -> str:
@@ -235,12 +237,21 @@ def resolve_with_nemo_gym(env: Path, config: dict[str, Any]) -> str:
         timeout=300,
     )
     if done.returncode != 0:
-        reason = done.stderr.split(REFUSAL_MARK, 1)[1] if REFUSAL_MARK in done.stderr else done.stderr
-        lines = reason.strip().splitlines()
-        shown = lines[:REASON_LINES] if REFUSAL_MARK in done.stderr else lines[-LOG_TAIL_LINES:]
-        text = "\n".join(f"    {line}" for line in shown)
-        raise LaunchError(f"NeMo Gym (in {env}) refused the stack's config:\n{text}")
+        raise LaunchError(f"NeMo Gym (in {env}) refused the stack's config:\n{refusal_text(done.stderr)}")
     return done.stdout
+
+
+def refusal_text(stderr: str) -> str:
+    """NeMo Gym's reason for refusing a config: what it printed before raising (its warnings, such
+    as each almost-server's validation errors) and its exception, without the whole config it
+    appends to some exceptions; the log's tail when the resolver itself failed."""
+    if REFUSAL_MARK not in stderr:
+        lines = stderr.strip().splitlines()[-LOG_TAIL_LINES:]
+    else:
+        before, reason = stderr.split(REFUSAL_MARK, 1)
+        reason = reason.split(CONFIG_DUMP, 1)[0]
+        lines = [*before.strip().splitlines()[-REASON_LINES:], *reason.strip().splitlines()[:REASON_LINES]]
+    return "\n".join(f"    {line}" for line in lines)
 
 
 class NemoGymServers:

@@ -83,7 +83,7 @@ def test_nemo_gyms_refusal_reason_is_shown_not_what_it_logged_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The resolver prints NeMo Gym's exception after a mark; the parent shows that, not the tail
-    of the config NeMo Gym dumped first. A stand-in nemo_gym refuses like 0.7.0's pairing check."""
+    of the config NeMo Gym appends to it. A stand-in nemo_gym refuses like 0.7.0's almost-server check."""
     fake = tmp_path / "fake" / "nemo_gym"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
@@ -92,8 +92,10 @@ def test_nemo_gyms_refusal_reason_is_shown_not_what_it_logged_before(
         "class GlobalConfigDictParserConfig:\n    def __init__(self, **kw): pass\n"
         "class GlobalConfigDictParser:\n"
         "    def parse(self, config):\n"
-        "        print('\\n'.join(f'dumped_key_{i}: value' for i in range(200)), file=sys.stderr)\n"
-        "        raise ValueError('agent x is not a supported pairing; pass --allow-unsupported-pairing')\n"
+        "        print('almost-server tiny: datasets.0.license: Input should be a valid string',\n"
+        "              file=sys.stderr)\n"
+        "        dump = '\\n'.join(f'dumped_key_{i}: value' for i in range(200))\n"
+        "        raise ValueError('1 almost-server(s) found.\\nFound global config dict yaml:\\n' + dump)\n"
     )
     env = tmp_path / "env"
     (env / "bin").mkdir(parents=True)
@@ -102,7 +104,8 @@ def test_nemo_gyms_refusal_reason_is_shown_not_what_it_logged_before(
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]))
     with pytest.raises(LaunchError) as refused:
         resolve_with_nemo_gym(env, {"a": 1})
-    assert "ValueError: agent x is not a supported pairing" in str(refused.value)
+    assert "tiny: datasets.0.license: Input should be a valid string" in str(refused.value)
+    assert "ValueError: 1 almost-server(s) found." in str(refused.value)
     assert "dumped_key" not in str(refused.value)
     assert nemo_gym_resolve.REFUSAL_MARK == REFUSAL_MARK
 
