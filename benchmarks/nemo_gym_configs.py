@@ -9,6 +9,11 @@ counted by their first problem's reason so the remaining gaps are visible.
 
     pip download nemo-gym==0.7.0 --no-deps -d /tmp/ng && (cd /tmp/ng && unzip -q nemo_gym-*.whl)
     .venv/bin/python -m benchmarks.nemo_gym_configs /tmp/ng
+    .venv/bin/python -m benchmarks.nemo_gym_configs /tmp/ng --elsewhere
+
+``--elsewhere`` loads them from another working directory with the wheel named as the NeMo Gym
+root (``--nemo-gym-root``), as a user who does not ``cd`` into it does: includes
+(``config_paths``) must then be found under that root.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import os
 import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from polygym.errors import ConfigError
+from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
 from polygym.stack.config import load_config
 
 SERVER_FOLDERS = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
@@ -38,14 +45,27 @@ def config_files(root: Path) -> Iterator[Path]:
         yield from sorted(root.glob(f"{kind}/*/config*.yaml"))
 
 
-def load_one(relative: Path, env: Path) -> None:
+def load_one(path: Path, env: Path, policy: Path) -> None:
     """Load one file; when it only lacks the policy model, again after the openai_model config."""
     try:
-        load_config([relative], env_files=[env])
+        load_config([path], env_files=[env])
     except ConfigError as exc:
         if not any("server 'policy_model'" in problem for problem in exc.problems):
             raise
-        load_config([POLICY, relative], env_files=[env])
+        load_config([policy, path], env_files=[env])
+
+
+@contextlib.contextmanager
+def _named_root(root: Path) -> Iterator[None]:
+    before = os.environ.get(NEMO_GYM_ROOT_ENV_VAR)
+    os.environ[NEMO_GYM_ROOT_ENV_VAR] = str(root)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[NEMO_GYM_ROOT_ENV_VAR]
+        else:
+            os.environ[NEMO_GYM_ROOT_ENV_VAR] = before
 
 
 def reason(problem: str) -> str:
@@ -54,18 +74,24 @@ def reason(problem: str) -> str:
     return re.sub(r"\(from [^)]*\)|\(searched [^)]*\)|Known: .*|Did you mean .*", "", text).strip()[:90]
 
 
-def measure(root: Path) -> tuple[collections.Counter[str], collections.Counter[str]]:
+def measure(root: Path, elsewhere: bool = False) -> tuple[collections.Counter[str], collections.Counter[str]]:
     """Outcome counts (accepted / refused / crashed) and refusal reasons for an unpacked wheel.
 
-    Changes the working directory to ``root`` (configs name paths relative to it) and back."""
+    Changes the working directory to ``root`` (configs name paths relative to it) and back; with
+    ``elsewhere``, to an empty folder instead, with ``root`` named as the NeMo Gym root."""
     counts: collections.Counter[str] = collections.Counter()
     reasons: collections.Counter[str] = collections.Counter()
-    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(root):
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.chdir(tmp if elsewhere else root))
+        if elsewhere:
+            stack.enter_context(_named_root(root))
         env = Path(tmp) / "env.yaml"
         env.write_text(ENV_YAML)
         for path in config_files(root):
             try:
-                load_one(path.relative_to(root), env)
+                load_one(
+                    path if elsewhere else path.relative_to(root), env, root / POLICY if elsewhere else POLICY
+                )
                 counts["accepted"] += 1
             except ConfigError as exc:
                 counts["refused"] += 1
@@ -79,7 +105,9 @@ def measure(root: Path) -> tuple[collections.Counter[str], collections.Counter[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("wheel_root", type=Path, help="An unpacked NeMo Gym wheel.")
-    counts, reasons = measure(parser.parse_args().wheel_root.resolve())
+    parser.add_argument("--elsewhere", action="store_true", help="Load from another working directory.")
+    args = parser.parse_args()
+    counts, reasons = measure(args.wheel_root.resolve(), args.elsewhere)
     total = sum(counts.values())
     print(f"{total} files: " + ", ".join(f"{k} {counts[k]}" for k in ("accepted", "refused", "crashed")))
     for text, count in reasons.most_common(25):

@@ -82,7 +82,8 @@ class Response(OpenModel):
     object: str = "response"
     created_at: int | float = 0
     model: str = ""
-    status: str = "completed"
+    status: str | None = "completed"
+    """NeMo Gym's stored responses carry ``null`` here; a verifier never depends on it."""
     output: list[dict[str, Any]] = Field(default_factory=list)
     usage: Usage | None = None
 

@@ -43,7 +43,7 @@ class EnvironmentSpec(BaseModel):
     name: str = Field(min_length=1)
     agent: str | None = None
     """Agent that runs this environment's rows; default ``<name>_simple_agent``, or the only
-    agent of the environment's config when it has one of another name (e.g. a gymnasium_agent)."""
+    agent of the environment's config when it has one of another name (e.g. a episodic_agent)."""
     train: list[str] = Field(default_factory=list)
     """JSONL files (relative to the spec file, else the working directory); default: the
     ``datasets`` of the agent's config (type ``train``, else every type but ``validation``)."""

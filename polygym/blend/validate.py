@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from polygym.collect.dataset import Row, agent_of, check_row, file_problem, read_rows
 from polygym.collect.sampling import SAMPLING_FIELDS
+from polygym.collect.task_source import TASK_SOURCE, TaskRoutes, task_routes
 from polygym.protocol import RESOURCES_KIND
 from polygym.servers.base import body_model
 from polygym.stack.catalog import list_implementations
@@ -163,9 +164,12 @@ def _selected(envs: Sequence[str], problems: list[str]) -> dict[str, Environment
     for name in envs:
         try:
             selected[name] = load_environment(name)
-        except EnvironmentNotFoundError:
+        except EnvironmentNotFoundError as exc:
             known = list_implementations(RESOURCES_KIND)
-            problems.append(f"--env {name}: {unknown_name_message('environment', name, known)}")
+            if name in known:  # the folder exists: say what is missing in it, not "did you mean"
+                problems.append(f"--env {name}: {'; '.join(exc.problems)}")
+            else:
+                problems.append(f"--env {name}: {unknown_name_message('environment', name, known)}")
         except ConfigError as exc:
             problems.append(f"--env {name}: its config does not load: {'; '.join(exc.problems)}")
     return selected
@@ -180,6 +184,11 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
     problems: list[str] = []
     environments = _selected(envs, problems)
     agent_env = {agent: env for env in environments.values() for agent in env.agents}
+    routes = TaskRoutes()  # rows that name their environment by task_source (NeMo Gym's newer rows)
+    for env in environments.values():
+        found = task_routes(env.config.to_dict())
+        routes.agents.update(found.agents)
+        routes.refused.update(found.refused)
     default_agent = None
     if len(envs) == 1 and envs[0] in environments:
         default_agent = environments[envs[0]].default_agent()
@@ -198,12 +207,13 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
         for row in rows:
             total += 1
             check_row(row, problems)
-            if row.data.get("agent_ref") is None and default_agent is None:
+            routed = row.data.get("agent_ref") is not None or row.data.get(TASK_SOURCE) is not None
+            if not routed and default_agent is None:
                 problems.append(
                     f"{row.where}: agent_ref: missing; add it, or pass --env NAME for rows of one environment"
                 )
                 continue
-            agent = agent_of(row, default_agent, agent_env, problems)
+            agent = agent_of(row, default_agent, agent_env, problems, routes)
             if agent is None or agent not in agent_env:
                 continue  # reported: unknown agent, or no usable --env was given
             env = agent_env[agent]

@@ -21,9 +21,10 @@ from rich.console import Console
 from polygym.cli.nemo_gym_commands import SELECTOR_FLAGS_NOT_PROVIDED, not_provided
 from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
 from polygym.protocol import MODEL_KIND
-from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
+from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, SHADOWS, folder_origin, selector_paths
 from polygym.stack.config import CONFIG_PATHS, ConfigError, StackConfig, load_config
 from polygym.stack.env_build import PYTHON_KEY
+from polygym.stack.external import NO_FOLDER
 from polygym.suggest import unknown_name_message
 
 T = TypeVar("T")
@@ -120,15 +121,20 @@ def _with_nemo_gym_flags(func: F) -> F:
     return command  # type: ignore[return-value]
 
 
+ALLOW_UNSUPPORTED_PAIRING_ENV_VAR = "NEMO_GYM_ALLOW_UNSUPPORTED_PAIRING"
+
+
 def _with_nemo_gym_selectors(func: F) -> F:
     """NeMo Gym's selection flags without a polygym counterpart: ``--benchmark``, ``--environment``
-    and ``--agent-type`` exit 2 naming the flag and why (never silently dropped);
-    ``--allow-unsupported-pairing`` is taken and does nothing, since polygym never refuses an
-    agent or model that an environment does not declare, which is all the flag allows."""
+    and ``--agent-type`` exit 2 naming the flag and why (never silently dropped).
+    ``--allow-unsupported-pairing``: polygym never refuses an agent or model that an environment
+    does not declare, but NeMo Gym's own servers check their config at start, so the flag reaches
+    them as NeMo Gym's ``NEMO_GYM_ALLOW_UNSUPPORTED_PAIRING=1`` (every child inherits it)."""
 
     @functools.wraps(func)
     def command(*args: Any, **kwargs: Any) -> Any:
-        kwargs.pop("allow_unsupported_pairing")
+        if kwargs.pop("allow_unsupported_pairing"):
+            os.environ[ALLOW_UNSUPPORTED_PAIRING_ENV_VAR] = "1"
         given = [name for name in SELECTOR_FLAGS_NOT_PROVIDED if kwargs.pop(name)]
         if given:
             problems = [f"--{name.replace('_', '-')} {SELECTOR_FLAGS_NOT_PROVIDED[name]}" for name in given]
@@ -143,7 +149,8 @@ def _with_nemo_gym_selectors(func: F) -> F:
     command = click.option(
         "--allow-unsupported-pairing",
         is_flag=True,
-        help="NeMo Gym's: accepted; polygym never refuses an agent or model an environment does not declare.",
+        help="NeMo Gym's: passed to NeMo Gym's servers (polygym never refuses an agent or model "
+        "an environment does not declare).",
     )(command)
     return command  # type: ignore[return-value]
 
@@ -217,7 +224,27 @@ def load_stack_config(
         fail(str(exc), exc.exit_code)
     for warning in config.warnings:
         click.secho(f"warning: {warning}", fg="yellow", err=True)
+    say_folders(config)
     return config
+
+
+def say_folders(config: StackConfig) -> None:
+    """Name every server's folder that is not polygym's shipped one, so no swap is silent: a
+    NeMo Gym root's, a config's own, or the working directory's (a warning when it shadows a
+    shipped one). Servers run from the same folder are named together, once."""
+    by_origin: dict[str, list[str]] = {}
+    for spec in config.servers.values():
+        if spec.directory != NO_FOLDER:
+            origin = folder_origin(spec.kind, spec.implementation, spec.directory)
+            if origin is not None:
+                by_origin.setdefault(origin, []).append(spec.name)
+    for origin, names in by_origin.items():
+        shadows = SHADOWS in origin
+        label = "warning" if shadows else "note"
+        runs = "runs" if len(names) == 1 else "run"
+        click.secho(
+            f"{label}: {', '.join(names)} {runs} {origin}", fg="yellow" if shadows else None, err=True
+        )
 
 
 GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT)

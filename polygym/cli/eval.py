@@ -50,6 +50,7 @@ from polygym.collect.row_overrides import ROW_PARAMS, RowOverrides, split_overri
 from polygym.collect.run_files import RunFileError, RunFiles, done_keys
 from polygym.collect.sampling import sampling_problems
 from polygym.collect.stack_watch import StackHealth
+from polygym.collect.task_source import TaskRoutes, head_task_routes, task_routes
 from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.stack.backend import LaunchError
@@ -426,7 +427,7 @@ class EvalRunSettings:
 SAMPLING_OPTIONS = ("temperature", "top_p", "max_output_tokens")
 
 
-def _load(settings: EvalRunSettings, agents: list[str]) -> JobPlan:
+def _load(settings: EvalRunSettings, agents: list[str], routes: TaskRoutes | None = None) -> JobPlan:
     assert settings.input is not None
     materialization = settings.materialization
     default_agent = settings.agent
@@ -435,7 +436,7 @@ def _load(settings: EvalRunSettings, agents: list[str]) -> JobPlan:
     if default_agent is None and len(agents) == 1:
         default_agent = agents[0]
     try:
-        plan = load_jobs(settings.input, agents, default_agent, settings.limit, materialization)
+        plan = load_jobs(settings.input, agents, default_agent, settings.limit, materialization, routes)
     except DatasetError as exc:
         fail(str(exc), EXIT_USAGE)
     for agent in sorted(plan.agents() | set(materialization.repeats_by_agent)):
@@ -444,10 +445,19 @@ def _load(settings: EvalRunSettings, agents: list[str]) -> JobPlan:
     return plan
 
 
+async def _task_routes(target: StackTarget, session: StackSession) -> TaskRoutes:
+    """Where rows with a ``task_source`` and no ``agent_ref`` go: from the config this run starts,
+    or from the joined stack's head."""
+    if target.config is not None:
+        return task_routes(target.config.to_dict())
+    assert session.client is not None
+    return await head_task_routes(session.client)
+
+
 async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
     try:
         async with StackSession(target, settings.limits.concurrency) as session:
-            plan = _load(settings, session.agents)
+            plan = _load(settings, session.agents, await _task_routes(target, session))
             client = await session.connect()
             await _warn_unreachable_policies(client)
             if session.stack is None or target.config is None:

@@ -17,6 +17,7 @@ import orjson
 
 from polygym.collect.job_plan import JobPlan, Materialization
 from polygym.collect.sampling import sampling_problems
+from polygym.collect.task_source import TASK_SOURCE, TaskRoutes
 from polygym.errors import DatasetError
 from polygym.jsonl import numbered_lines
 from polygym.protocol import AGENT_KIND
@@ -118,10 +119,29 @@ def check_row(row: Row, problems: list[str]) -> None:
         problems.append(f"{row.where}: responses_create_params.{name}: {problem}")
 
 
-def agent_of(row: Row, default_agent: str | None, agents: Iterable[str], problems: list[str]) -> str | None:
-    """The agent a row is routed to: its ``agent_ref`` name, else the default agent."""
+def agent_of(
+    row: Row,
+    default_agent: str | None,
+    agents: Iterable[str],
+    problems: list[str],
+    routes: TaskRoutes | None = None,
+) -> str | None:
+    """The agent a row is routed to: its ``agent_ref`` name, else the agent its ``task_source``
+    resolves to in the running config (``routes``; NeMo Gym's newer rows), else the default agent."""
     known = set(agents)
     ref = row.data.get("agent_ref")
+    source = row.data.get(TASK_SOURCE)
+    if ref is None and source is not None and routes is not None:
+        agent = routes.agent_for(source) if isinstance(source, str) else None
+        if agent is None:
+            why = routes.why_not(source) if isinstance(source, str) else "must be an instance name"
+            problems.append(f"{row.where}: {TASK_SOURCE} {source!r}: cannot route: {why}")
+        elif known and agent not in known:
+            problems.append(
+                f"{row.where}: {TASK_SOURCE} {source!r}: {unknown_name_message('agent', agent, known)}"
+            )
+            return None
+        return agent
     if ref is None:
         if default_agent is None:
             problems.append(
@@ -147,15 +167,17 @@ def load_jobs(
     default_agent: str | None = None,
     limit: int | None = None,
     options: Materialization | None = None,
+    routes: TaskRoutes | None = None,
 ) -> JobPlan:
-    """Read and validate a dataset, and plan its jobs; raises DatasetError listing every bad row."""
+    """Read and validate a dataset, and plan its jobs; raises DatasetError listing every bad row.
+    ``routes`` resolves rows that carry a ``task_source`` and no ``agent_ref``."""
     problems: list[str] = []
     known = list(agents)
     rows = read_rows(path, problems, limit)
     routed: list[tuple[dict[str, Any], str]] = []
     for row in rows:
         check_row(row, problems)
-        agent = agent_of(row, default_agent, known, problems)
+        agent = agent_of(row, default_agent, known, problems, routes)
         if agent is not None:
             routed.append((row.data, agent))
     if not rows and not problems:

@@ -9,9 +9,18 @@ the project root that holds the installed server packages.
 NeMo Gym's own folders are searched after those (``stack.nemo_gym_server`` runs them): a NeMo Gym
 checkout or unpacked wheel named by ``--nemo-gym-root`` / ``POLYGYM_NEMO_GYM_ROOT`` (several joined
 with ``os.pathsep``) or by a config's ``nemo_gym_root``, then an installed ``nemo-gym`` package.
-polygym's same-named environments come first (they behave as NeMo Gym's do); a server block with
-``nemo_gym: true`` takes its implementation from the NeMo Gym roots only (NeMo Gym's
-``simple_agent`` rather than polygym's, say).
+
+One rule for names, so that no swap is silent: a name resolves to the first root that has it, and
+polygym ships a folder under a NeMo Gym name only when it behaves as NeMo Gym's does on NeMo Gym's
+rows, tools and stored responses (``simple_agent``, ``reasoning_gym``, the ``example_*`` servers,
+``mcqa``, the ``openai``/``vllm`` models; the environments are tested on NeMo Gym's example rows
+in ``tests/e2e/test_nemo_gym_rows_e2e.py``). Where polygym's
+behaviour differs it has its own name (polygym's reset/step agent is ``episodic_agent``, since
+NeMo Gym's ``gymnasium_agent`` speaks another protocol), so NeMo Gym's name reaches NeMo Gym's
+folder. A server block with ``nemo_gym: true`` takes its implementation from the NeMo Gym roots
+only (NeMo Gym's ``simple_agent`` rather than polygym's, say). ``folder_origin`` says where each
+folder comes from when it is not the shipped one, and when a shipped one stands for a NeMo Gym
+namesake; a working directory's folder that shadows a shipped one is named as such.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ NEMO_GYM_ROOT_KEY = "nemo_gym_root"
 """Config key naming a NeMo Gym checkout (or unpacked wheel) whose server folders a stack may run."""
 NEMO_GYM_KEY = "nemo_gym"
 """A server block's ``nemo_gym: true``: its implementation comes from NeMo Gym's folders only."""
+SHADOWS = "shadows polygym's shipped"
 _config_roots: ContextVar[tuple[Path, ...]] = ContextVar("nemo_gym_config_roots", default=())
 
 
@@ -160,6 +170,38 @@ def find_implementation_dir(kind: str, implementation: str, nemo_gym_only: bool 
             )
         raise ConfigError([describe_missing_implementation(kind, implementation)])
     return found
+
+
+def _under(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
+def folder_origin(kind: str, implementation: str, directory: Path) -> str | None:
+    """Where a server's folder comes from, said when it is not polygym's shipped one, or when a
+    NeMo Gym root has a folder of the same name (None otherwise).
+
+    A folder in the working directory that has a shipped namesake shadows it: that is said too,
+    since the user may not know the working directory holds one (a stale copy, another project).
+    """
+    shipped = project_root() / kind / implementation
+    if _under(directory, project_root() / kind):
+        namesake = next(
+            (root for root in _unique(nemo_gym_roots()) if (root / kind / implementation).is_dir()), None
+        )
+        if namesake is None:
+            return None
+        return (
+            f"polygym's shipped {kind}/{implementation}, which behaves as the same-named folder of NeMo Gym "
+            f"root {namesake} (to run NeMo Gym's, mark the block {NEMO_GYM_KEY}: true)"
+        )
+    for root in _unique(nemo_gym_roots()):
+        if _under(directory, root):
+            return f"NeMo Gym's folder {directory} (NeMo Gym root {root})"
+    where = "the working directory's folder" if _under(directory, Path.cwd()) else "the folder"
+    text = f"{where} {directory}"
+    if shipped.is_dir() and shipped.resolve() != directory.resolve():
+        text += f", which {SHADOWS} {kind}/{implementation} ({shipped})"
+    return text
 
 
 _IMPORTS_NEMO_GYM = re.compile(r"^\s*(?:from|import)\s+nemo_gym\b", re.MULTILINE)

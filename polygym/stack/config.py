@@ -532,18 +532,39 @@ def _check_references(stack: _Stack, entry: _Entry, inner: Any, instances: dict[
 # ------------------------------------------------------------------------------------------- public
 
 
-def _include_dirs() -> list[Path]:
-    """Where a relative ``config_paths`` entry is looked for: the working directory, then polygym's
-    project root (NeMo Gym looks in the working directory, then its install root)."""
-    return [Path.cwd(), catalog.project_root()]
+def _tree_root(path: Path) -> Path | None:
+    """The root of the server tree that holds ``path`` (``<root>/<kind>/<name>/configs/x.yaml``)."""
+    for parent in path.resolve().parents:
+        if parent.name in SERVER_KINDS:
+            return parent.parent
+    return None
 
 
-def _find_include(entry: Any, shown: str, problems: list[str]) -> Path | None:
+def _include_dirs(including: Path) -> list[Path]:
+    """Where a relative ``config_paths`` entry of ``including`` is looked for, in NeMo Gym's order:
+    the NeMo Gym roots named by ``--nemo-gym-root`` (NeMo Gym's ``--search-dir``), the working
+    directory, then the install root, which for a NeMo Gym config is the tree the file lives in
+    (an unpacked wheel, a checkout) or an installed nemo-gym; then polygym's project root and the
+    including file's own folder. So NeMo Gym's configs include NeMo Gym's files from any working
+    directory, as ``ng_run`` does."""
+    installed = catalog.installed_nemo_gym_root()
+    named = [root for root in catalog.nemo_gym_roots() if root != installed]
+    tree = _tree_root(including)
+    candidates = [*named, Path.cwd(), *([tree] if tree else []), *([installed] if installed else [])]
+    return [*candidates, catalog.project_root(), including.resolve().parent]
+
+
+def _find_include(entry: Any, including: Path, problems: list[str]) -> Path | None:
+    shown = _display(including)
     if not isinstance(entry, str) or not entry.strip():
         problems.append(f"{shown}: {CONFIG_PATHS} entries must be paths, got {entry!r}")
         return None
     path = Path(entry).expanduser()
-    candidates = [path] if path.is_absolute() else [root / path for root in _include_dirs()]
+    candidates = (
+        [path]
+        if path.is_absolute()
+        else list(dict.fromkeys(root / path for root in _include_dirs(including)))
+    )
     for candidate in candidates:
         if candidate.is_file():
             return candidate
@@ -575,7 +596,7 @@ def _with_includes(
     out: list[tuple[str, dict[str, Any]]] = []
     listed = data.pop(CONFIG_PATHS, None) if includes is _ABSENT else includes
     for entry in _include_list(listed, shown, problems):
-        found = _find_include(entry, shown, problems)
+        found = _find_include(entry, path, problems)
         if found is not None and found.resolve() not in seen:
             seen.add(found.resolve())
             out.extend(_with_includes(found, problems, seen))

@@ -8,10 +8,17 @@ nemo-gym package (a wheel by content hash, else the requirement text) and the re
 lines. Change any of them and a new environment is built; servers whose inputs match share one.
 
 An environment with requirements of its own starts as a copy of the one with nemo-gym alone.
-A failed build is never reused: it happens in a temporary folder next to the cache entry, and
-only a finished one is renamed into place (``os.rename`` is atomic on one file system), so a
-crash, a Ctrl-C or a pip error leaves nothing that looks ready. A lock file per key keeps two
-stacks that start together from building the same environment twice.
+Each is built at its final path (a venv's ``bin/pip``, console scripts and ``activate`` name their
+folder by absolute path, so a build renamed into place would leave them pointing at a deleted
+folder; a copy has those paths rewritten). A failed build is never reused: the ready marker is
+written last, a folder without it is removed before the next build, and a build that fails
+removes its folder. A lock file per key keeps two stacks that start together from building the
+same environment twice.
+
+Every environment holds ``uv`` (NeMo Gym's servers call it: its ``ng_run`` builds with uv and
+some servers install tools at start), and installs are made with uv when one is at hand (the base
+environment's own, or one on PATH). An interpreter older than nemo-gym declares gets pip's
+``--ignore-requires-python``, or with uv its ``--python-version`` at nemo-gym's floor.
 
 Cache root: ``POLYGYM_ENV_CACHE``, else ``~/.cache/polygym/envs``.
 """
@@ -27,7 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
+import zipfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -182,6 +189,9 @@ class EnvInputs:
     """What pip installs as nemo-gym: a wheel path, a checkout path or a requirement (``nemo-gym==0.7.0``)."""
     nemo_gym_digest: str
     requirements: tuple[str, ...]
+    layout: str = "in-place+uv"
+    """How environments are built; a change here must not reuse environments built the old way
+    (renamed into place, without uv)."""
 
     def key(self) -> str:
         text = json.dumps(asdict(self), sort_keys=True)
@@ -210,9 +220,8 @@ def ensure_env(inputs: EnvInputs, announce: bool = True) -> Path:
     with _locked(root / f"{inputs.key()}.lock"):
         if (final / READY_MARKER).is_file():  # another process built it while we waited
             return final
-        if final.exists():  # not ours and not ready: a leftover from an older polygym, never reused
-            shutil.rmtree(final, ignore_errors=True)
-        for stale in root.glob(f".build-{inputs.key()}-*"):  # a killed builder's; we hold the lock
+        # not ready: a killed builder's, or an older polygym's temporary build folders; we hold the lock
+        for stale in [final, *root.glob(f".build-{inputs.key()}-*")]:
             shutil.rmtree(stale, ignore_errors=True)
         if announce:
             print(
@@ -221,12 +230,11 @@ def ensure_env(inputs: EnvInputs, announce: bool = True) -> Path:
                 file=sys.stderr,
                 flush=True,
             )
-        work = Path(tempfile.mkdtemp(prefix=f".build-{inputs.key()}-", dir=root))
         try:
-            _build(work, inputs)
-            os.rename(work, final)
+            final.mkdir()
+            _build(final, inputs)
         except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(final, ignore_errors=True)
             raise
     return final
 
@@ -241,12 +249,16 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+UV_REQUIREMENT = "uv>=0.8"
+"""Installed into every environment: NeMo Gym's servers expect ``uv`` beside their Python."""
+
+
 def _build(work: Path, inputs: EnvInputs) -> None:
-    """A venv with nemo-gym and the requirements, in ``work``.
+    """A venv with nemo-gym, uv and the requirements, at ``work`` (its final path).
 
     With requirements of its own, the environment starts as a copy of the one with nemo-gym alone
     (built first when missing, and shared by every server that needs nothing more): copying takes
-    seconds where installing nemo-gym's ~300 packages takes minutes. The one pip run that follows
+    seconds where installing nemo-gym's ~300 packages takes minutes. The one install that follows
     names nemo-gym and the requirements together, so they resolve together as in NeMo Gym.
     """
     log = work / "build.log"
@@ -254,15 +266,60 @@ def _build(work: Path, inputs: EnvInputs) -> None:
         base = ensure_env(replace(inputs, requirements=()), announce=False)
         shutil.copytree(base, work, symlinks=True, dirs_exist_ok=True)
         (work / READY_MARKER).unlink()
+        relocate_scripts(work, base)
     else:
         _run([inputs.python, "-m", "venv", str(work)], log, "python -m venv")
     requirements = work / "requirements.txt"
-    requirements.write_text("\n".join(inputs.requirements) + "\n")
-    pip = [str(venv_python(work)), "-m", "pip", "install", "--disable-pip-version-check"]
+    requirements.write_text("\n".join([*inputs.requirements, UV_REQUIREMENT]) + "\n")
+    install, what = installer(work, inputs)
+    _run([*install, inputs.nemo_gym, "-r", str(requirements)], log, what)
+    (work / READY_MARKER).write_text(json.dumps(asdict(inputs), indent=2))
+
+
+def installer(env: Path, inputs: EnvInputs) -> tuple[list[str], str]:
+    """The install command for ``env`` and its name: uv (the environment's own, else one on PATH)
+    when there is one, else pip. An interpreter older than nemo-gym declares (pip's
+    ``--ignore-requires-python``) gets uv's ``--python-version`` at nemo-gym's floor instead, when
+    that floor is known and of the same minor version (so the same wheels fit)."""
+    own = env / "bin" / "uv"
+    uv = str(own) if own.is_file() else shutil.which("uv")
+    floor = _same_minor_floor(inputs) if inputs.ignore_requires_python else None
+    if uv is not None and (floor is not None or not inputs.ignore_requires_python):
+        install = [uv, "pip", "install", "--python", str(venv_python(env))]
+        return [*install, *(["--python-version", floor] if floor else [])], "uv pip install"
+    pip = [str(venv_python(env)), "-m", "pip", "install", "--disable-pip-version-check"]
     if inputs.ignore_requires_python:
         pip.append("--ignore-requires-python")
-    _run([*pip, inputs.nemo_gym, "-r", str(requirements)], log, "pip install")
-    (work / READY_MARKER).write_text(json.dumps(asdict(inputs), indent=2))
+    return pip, "pip install"
+
+
+def _same_minor_floor(inputs: EnvInputs) -> str | None:
+    """nemo-gym's ``Requires-Python`` lower bound (from its wheel), when it has the interpreter's minor."""
+    try:
+        with zipfile.ZipFile(inputs.nemo_gym) as wheel:
+            name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+            text = wheel.read(name).decode(errors="replace")
+    except (OSError, zipfile.BadZipFile, StopIteration):
+        return None
+    match = re.search(r"^Requires-Python:\s*>=\s*(\d+\.\d+(?:\.\d+)?)\s*$", text, re.MULTILINE)
+    if match is None or _sort_key(match[1])[:2] != _sort_key(inputs.python_version)[:2]:
+        return None
+    return match[1]
+
+
+def relocate_scripts(env: Path, copied_from: Path) -> None:
+    """Point a copied venv's scripts (``bin/pip``, console scripts' shebangs, ``activate`` and its
+    prompt) at ``env`` instead of the folder they were copied from, so they run after the copy."""
+    renames = [(str(copied_from).encode(), str(env).encode()), (copied_from.name.encode(), env.name.encode())]
+    for script in (env / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        data = script.read_bytes()
+        moved = data
+        for old, new in renames:
+            moved = moved.replace(old, new)
+        if moved != data:
+            script.write_bytes(moved)
 
 
 def _run(command: list[str], log: Path, what: str) -> None:

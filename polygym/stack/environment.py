@@ -99,7 +99,7 @@ class Environment:
         return {spec.name: spec for spec in self.config.by_kind(AGENT_KIND)}
 
     def default_agent(self) -> str | None:
-        """``<name>_simple_agent``, else the config's only agent (e.g. a gymnasium_agent)."""
+        """``<name>_simple_agent``, else the config's only agent (e.g. a episodic_agent)."""
         agents = self.agents
         preferred = f"{self.name}_simple_agent"
         if preferred in agents:
@@ -209,14 +209,61 @@ def resolve_env_dir(env: str | Path) -> Path:
 
 
 def config_file(env: str | Path) -> Path:
-    """``<folder>/configs/<name>.yaml`` of ``env`` (EnvironmentNotFoundError when there is none)."""
-    directory = resolve_env_dir(env)
+    """``<folder>/configs/<name>.yaml`` of ``env`` (EnvironmentNotFoundError when there is none).
+
+    NeMo Gym folders often have no config named after them: their configs declare servers under
+    other names (``format_verification/configs/citation_format.yaml`` declares ``citation_format``).
+    A name is then found as a resources server declared by a config of some folder, and a folder
+    name stands for its one such config (several: the error names them)."""
+    try:
+        directory = resolve_env_dir(env)
+    except EnvironmentNotFoundError:
+        declared = None if isinstance(env, Path) else declaring_config(env)
+        if declared is None:
+            raise
+        return declared
     if directory.parent.name != RESOURCES_KIND:
         raise ConfigError([f"{directory}: an environment folder must be inside a {RESOURCES_KIND}/ folder"])
     path = directory / "configs" / f"{directory.name}.yaml"
-    if not path.is_file():
-        raise EnvironmentNotFoundError([f"{directory}: no config file configs/{directory.name}.yaml"])
-    return path
+    if path.is_file():
+        return path
+    variants = declared_servers(directory)
+    if isinstance(env, str) and env in variants:
+        return variants[env]
+    if len(set(variants.values())) == 1:
+        return next(iter(variants.values()))
+    names = ", ".join(sorted(variants)) or "none"
+    raise EnvironmentNotFoundError(
+        [f"{directory}: no config file configs/{directory.name}.yaml; its configs declare {names} (name one)"]
+    )
+
+
+def declared_servers(directory: Path) -> dict[str, Path]:
+    """The resources server instances declared by a folder's config files, each with its file."""
+    found: dict[str, Path] = {}
+    for path in sorted((directory / "configs").glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # loading it reports the problem, when it is the one asked for
+        if isinstance(data, dict):
+            for name, block in data.items():
+                if isinstance(block, dict) and RESOURCES_KIND in block:
+                    found.setdefault(str(name), path)
+    return found
+
+
+def declaring_config(name: str) -> Path | None:
+    """The config file, in any environment folder, that declares resources server ``name``."""
+    for folder in catalog.list_implementations(RESOURCES_KIND):
+        try:
+            directory = catalog.find_implementation_dir(RESOURCES_KIND, folder)
+        except ConfigError:
+            continue
+        declared = declared_servers(directory).get(name)
+        if declared is not None:
+            return declared
+    return None
 
 
 def _stub_overrides(raw: Any) -> list[str]:
@@ -261,17 +308,21 @@ def _load_stack_config(config_path: Path) -> StackConfig:
 def load_environment(env: str | Path) -> Environment:
     """Load ``resources_servers/<env>/configs/<env>.yaml`` (a name or a folder); ConfigError listing
     every problem, EnvironmentNotFoundError when there is no such environment."""
-    config_path = config_file(env)
+    return _load_from(config_file(env), env)
+
+
+def _load_from(config_path: Path, env: str | Path) -> Environment:
     directory = config_path.parent.parent
     config = _load_stack_config(config_path)
     specs = config.by_kind(RESOURCES_KIND)
     if not specs:
         raise ConfigError([f"{config_path}: defines no {RESOURCES_KIND} instance"])
-    spec = next((s for s in specs if s.name == directory.name), specs[0])
+    named = str(env) if isinstance(env, str) and env in config.servers else directory.name
+    spec = next((s for s in specs if s.name == named), specs[0])
     notes = [f"{len(specs) - 1} more instance(s) not checked"] if len(specs) > 1 else []
     if spec.directory.resolve() != directory and spec.implementation == directory.name:
         spec = replace(spec, directory=directory)
-    return Environment(directory.name, directory, config_path, config, spec, notes)
+    return Environment(named, directory, config_path, config, spec, notes)
 
 
 def all_environments() -> dict[str, Environment]:
@@ -280,9 +331,23 @@ def all_environments() -> dict[str, Environment]:
     for name in catalog.list_implementations(RESOURCES_KIND):
         try:
             found[name] = load_environment(name)
+        except EnvironmentNotFoundError:  # no config named after the folder: each one it declares
+            found.update(_declared_environments(name))
         except ConfigError:
             continue
     return found
+
+
+def _declared_environments(folder: str) -> dict[str, Environment]:
+    try:
+        directory = catalog.find_implementation_dir(RESOURCES_KIND, folder)
+    except ConfigError:
+        return {}
+    loaded: dict[str, Environment] = {}
+    for name, path in declared_servers(directory).items():
+        with contextlib.suppress(ConfigError):
+            loaded[name] = _load_from(path, name)
+    return loaded
 
 
 def _reward_range(spec: ServerSpec, cls: type) -> tuple[float, float]:

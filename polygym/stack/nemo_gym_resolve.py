@@ -17,6 +17,9 @@ import importlib
 import json
 import sys
 
+REFUSAL_MARK = "polygym: NeMo Gym refused the config: "
+"""Kept equal to ``stack.nemo_gym_server.REFUSAL_MARK`` (this script cannot import polygym)."""
+
 
 def main() -> None:
     omegaconf = importlib.import_module("omegaconf")
@@ -25,7 +28,11 @@ def main() -> None:
     parse_config = global_config.GlobalConfigDictParserConfig(
         initial_global_config_dict=given, skip_load_from_cli=True, skip_load_from_dotenv=True
     )
-    resolved = global_config.GlobalConfigDictParser().parse(parse_config)
+    try:
+        resolved = global_config.GlobalConfigDictParser().parse(parse_config)
+    except Exception as exc:  # NeMo Gym's refusal: its reason, marked for the parent to show
+        sys.stderr.write(f"{REFUSAL_MARK}{type(exc).__name__}: {exc}\n")
+        sys.exit(1)
     sys.stdout.write(omegaconf.OmegaConf.to_yaml(resolved))
 
 

@@ -7,7 +7,9 @@ The process contract, read from NeMo Gym's ``ng_run`` (``nemo_gym/cli/env.py``,
 
 * **Its own environment**: nemo-gym plus the folder's ``requirements.txt``, whose line naming
   NeMo Gym's checkout (``-e nemo-gym[dev] @ ../../``) is replaced by the nemo-gym package
-  itself, as ``ng_run`` does outside a checkout. Built and cached by ``stack.env_build``.
+  itself, as ``ng_run`` does outside a checkout, or its ``pyproject.toml``'s dependencies.
+  Built and cached by ``stack.env_build``; the server runs as if that environment were
+  activated (its ``bin`` first on ``PATH``: some servers call ``uv``).
 * **The command**: that environment's interpreter running the entrypoint (``python app.py``), in
   the server folder, with the folder on ``PYTHONPATH`` (and a checkout's root, which NeMo Gym's
   editable install puts there). polygym's own ``PYTHONPATH`` is not passed on: it is for another
@@ -40,10 +42,14 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from polygym.errors import ConfigError
 from polygym.stack import catalog
@@ -77,6 +83,12 @@ CONFIG_PATH_ENV = "NEMO_GYM_CONFIG_PATH"
 READY_TIMEOUT_S = 180.0
 """NeMo Gym servers import a lot (Ray, MLflow, openai) before they bind; cold caches make it slow."""
 _RESOLVER = Path(__file__).with_name("nemo_gym_resolve.py")
+REFUSAL_MARK = "polygym: NeMo Gym refused the config: "
+"""What ``nemo_gym_resolve`` prints before NeMo Gym's own reason (its exception), so that reason is
+shown rather than the tail of whatever NeMo Gym logged before it (often the whole config)."""
+REASON_LINES = 40
+CONFIG_DUMP = "\nFound global config dict yaml:"
+"""Where NeMo Gym 0.7.0 starts appending the whole config to an exception's message."""
 
 
 def entrypoint_of(spec: ServerSpec) -> str:
@@ -143,19 +155,34 @@ def nemo_gym_package(root: Path, override: str | None) -> NemoGymPackage:
 
 
 def server_requirements(spec: ServerSpec) -> tuple[str, ...]:
-    """The folder's requirement lines, without the one that points at NeMo Gym's checkout."""
-    path = spec.directory / "requirements.txt"
-    if not path.is_file():
-        if (spec.directory / "pyproject.toml").is_file():
-            raise ConfigError(
-                [
-                    f"{spec.name}: {spec.directory} declares its dependencies in pyproject.toml; polygym "
-                    "runs NeMo Gym server folders with a requirements.txt only"
-                ]
-            )
+    """The folder's requirements without nemo-gym itself (installed from its root's package):
+    ``requirements.txt`` less the line naming NeMo Gym's checkout, or ``pyproject.toml``'s
+    ``[project] dependencies`` less ``nemo-gym`` (NeMo Gym installs those with ``--no-sources``
+    outside a checkout: every other dependency from the package index). Both: refused, as NeMo
+    Gym refuses them."""
+    text_file, project = spec.directory / "requirements.txt", spec.directory / "pyproject.toml"
+    if text_file.is_file() and project.is_file():
+        raise ConfigError(
+            [
+                f"{spec.name}: {spec.directory} has both requirements.txt and pyproject.toml; "
+                "NeMo Gym takes one or the other"
+            ]
+        )
+    if project.is_file():
+        return _project_dependencies(spec, project)
+    if not text_file.is_file():
         return ()
-    lines = (line.strip() for line in path.read_text().splitlines())
+    lines = (line.strip() for line in text_file.read_text().splitlines())
     return tuple(line for line in lines if line and not line.startswith("#") and "../.." not in line)
+
+
+def _project_dependencies(spec: ServerSpec, project: Path) -> tuple[str, ...]:
+    try:
+        listed = tomllib.loads(project.read_text()).get("project", {}).get("dependencies", [])
+        kept = [text for text in listed if canonicalize_name(Requirement(text).name) != "nemo-gym"]
+    except (tomllib.TOMLDecodeError, InvalidRequirement, AttributeError, TypeError) as exc:
+        raise ConfigError([f"{spec.name}: {project}: cannot read its [project] dependencies: {exc}"]) from exc
+    return tuple(kept)
 
 
 def env_inputs(spec: ServerSpec, config: StackConfig) -> EnvInputs:
@@ -210,9 +237,21 @@ def resolve_with_nemo_gym(env: Path, config: dict[str, Any]) -> str:
         timeout=300,
     )
     if done.returncode != 0:
-        tail = "\n".join(f"    {line}" for line in done.stderr.splitlines()[-LOG_TAIL_LINES:])
-        raise LaunchError(f"NeMo Gym (in {env}) refused the stack's config:\n{tail}")
+        raise LaunchError(f"NeMo Gym (in {env}) refused the stack's config:\n{refusal_text(done.stderr)}")
     return done.stdout
+
+
+def refusal_text(stderr: str) -> str:
+    """NeMo Gym's reason for refusing a config: what it printed before raising (its warnings, such
+    as each almost-server's validation errors) and its exception, without the whole config it
+    appends to some exceptions; the log's tail when the resolver itself failed."""
+    if REFUSAL_MARK not in stderr:
+        lines = stderr.strip().splitlines()[-LOG_TAIL_LINES:]
+    else:
+        before, reason = stderr.split(REFUSAL_MARK, 1)
+        reason = reason.split(CONFIG_DUMP, 1)[0]
+        lines = [*before.strip().splitlines()[-REASON_LINES:], *reason.strip().splitlines()[:REASON_LINES]]
+    return "\n".join(f"    {line}" for line in lines)
 
 
 class NemoGymServers:
@@ -230,7 +269,8 @@ class NemoGymServers:
         for each in {(i.python, i.python_version) for i in distinct if i.ignore_requires_python}:
             print(
                 f"warning: nemo-gym declares a newer Python than {each[1]} ({each[0]}); installing it "
-                f"there with --ignore-requires-python (choose another: --nemo-gym-python, {PYTHON_KEY})",
+                "there anyway (uv's --python-version at nemo-gym's floor, else pip's "
+                f"--ignore-requires-python; choose another: --nemo-gym-python, {PYTHON_KEY})",
                 file=sys.stderr,
             )
         built = await asyncio.gather(*(asyncio.to_thread(ensure_env, each) for each in distinct))
@@ -264,6 +304,9 @@ class NemoGymServers:
             CONFIG_PATH_ENV: spec.name,
             "PYTHONPATH": python_path,
             "PYTHONUNBUFFERED": "1",
+            # as if activated, as ng_run runs it: its uv and console scripts come first on PATH
+            "VIRTUAL_ENV": str(env),
+            "PATH": os.pathsep.join([str(env / "bin"), os.environ.get("PATH", os.defpath)]),
         }
         with log_path.open("wb") as log:
             self.procs[spec.name] = await asyncio.create_subprocess_exec(

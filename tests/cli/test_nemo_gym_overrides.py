@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
 from polygym.cli import gym
+from polygym.cli.base import ALLOW_UNSUPPORTED_PAIRING_ENV_VAR
 from polygym.collect.row_overrides import split_overrides
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl
@@ -129,13 +131,18 @@ def test_disable_aggregation_writes_no_metrics_file(
     assert "_aggregate_metrics.json" not in result.stdout
 
 
-def test_allow_unsupported_pairing_and_search_dir_are_taken(tmp_path: Path, ten_rows: Path) -> None:
-    """polygym never refuses a pairing, which is all the first allows; --search-dir is --nemo-gym-root."""
+def test_allow_unsupported_pairing_and_search_dir_are_taken(
+    tmp_path: Path, ten_rows: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """polygym never refuses a pairing, and passes the flag on to NeMo Gym's servers, which do;
+    --search-dir is --nemo-gym-root."""
+    monkeypatch.setenv(ALLOW_UNSUPPORTED_PAIRING_ENV_VAR, "0")  # restored after the test
     out = tmp_path / "out.jsonl"
     flags = ("--allow-unsupported-pairing", "--search-dir", str(tmp_path))
     result = eval_run(*ENV, "-i", str(ten_rows), "-o", str(out), "--limit", "1", *flags)
     assert result.exit_code == 0, result.output
     assert len(list(iter_jsonl(out))) == 1
+    assert os.environ[ALLOW_UNSUPPORTED_PAIRING_ENV_VAR] == "1"  # what NeMo Gym's children inherit
     result = eval_run(*ENV, "-i", str(ten_rows), "-o", str(out), "--search-dir", str(tmp_path / "none"))
     assert result.exit_code == 2 and "not a directory" in result.output
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from polygym.stack import catalog
+from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
 from polygym.stack.config import (
     ConfigError,
     ServerSpec,
@@ -506,3 +507,61 @@ def test_nemo_gym_own_configs_load_or_are_refused_clearly() -> None:
     counts, reasons = measure(nemo_gym_tree())
     assert counts["crashed"] == 0, reasons
     assert counts["accepted"] >= 430, (counts, reasons.most_common(10))
+
+
+def nemo_gym_shaped_tree(root: Path) -> Path:
+    """A NeMo Gym-shaped tree: an environment whose config includes its agent's config by a path
+    relative to the tree's root, as NeMo Gym's configs do. Returns the environment's config."""
+    write(
+        root / "responses_api_agents" / "simple_agent" / "configs" / "weather_agent.yaml",
+        "weather_simple_agent:\n  responses_api_agents:\n    simple_agent:\n"
+        "      resources_server: {type: resources_servers, name: weather}\n"
+        "      model_server: {type: responses_api_models, name: policy_model}\n",
+    )
+    return write(
+        root / "resources_servers" / "weather_env" / "configs" / "weather_env.yaml",
+        "config_paths:\n- responses_api_agents/simple_agent/configs/weather_agent.yaml\n"
+        "weather:\n  resources_servers:\n    weather_env: {entrypoint: app.py}\n",
+    )
+
+
+def test_config_paths_of_a_nemo_gym_config_resolve_in_its_own_tree_from_any_directory(
+    project: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """NeMo Gym resolves a config's includes under its install root: the tree the file lives in."""
+    config_file = nemo_gym_shaped_tree(tmp_path_factory.mktemp("ng"))
+    write(project / "model.yaml", MODEL)
+    config = load([config_file, project / "model.yaml"], env=[write(project / "env.yaml", ENV)])
+    assert "weather_simple_agent" in config.servers
+    assert config.sources[1].endswith("weather_agent.yaml")
+
+
+def test_config_paths_resolve_under_the_nemo_gym_root_for_a_users_own_config(
+    project: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file of the user's own that includes NeMo Gym's files by their root-relative paths finds
+    them under ``--nemo-gym-root`` (NeMo Gym's ``--search-dir``), from any working directory."""
+    root = tmp_path_factory.mktemp("ng")
+    nemo_gym_shaped_tree(root)
+    mine = write(
+        project / "mine.yaml",
+        "config_paths:\n- resources_servers/weather_env/configs/weather_env.yaml\n" + MODEL,
+    )
+    env = [write(project / "env.yaml", ENV)]
+    with pytest.raises(ConfigError) as excinfo:
+        load([mine], env=env)
+    assert any(
+        "resources_servers/weather_env/configs/weather_env.yaml' not found" in p for p in problems_of(excinfo)
+    )
+    monkeypatch.setenv(NEMO_GYM_ROOT_ENV_VAR, str(root))
+    config = load([mine], env=env)
+    assert {"weather", "weather_simple_agent", "policy_model"} <= set(config.servers)
+
+
+def test_config_paths_relative_to_the_including_file(
+    project: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    folder = tmp_path_factory.mktemp("elsewhere")
+    write(folder / "model.yaml", MODEL)
+    top = write(folder / "top.yaml", "config_paths: [model.yaml]\n" + RESOURCES)
+    assert "policy_model" in load([top], env=[write(project / "env.yaml", ENV)]).servers

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -70,8 +72,42 @@ def test_an_unfinished_entry_is_rebuilt(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(env_build, "_build", build)
     assert (ensure_env(INPUTS, announce=False) / env_build.READY_MARKER).is_file()
-    assert len(built) == 1 and built[0] != tmp_path / INPUTS.key()
+    assert built == [tmp_path / INPUTS.key()]  # built where it stays: its scripts name that folder
     assert not killed.exists()
+
+
+def test_a_copied_environments_scripts_point_at_the_copy(tmp_path: Path) -> None:
+    """A venv copied from the base one gets its scripts' paths rewritten; links are left alone."""
+    base, copy = tmp_path / "base", tmp_path / "copy"
+    (base / "bin").mkdir(parents=True)
+    (base / "bin" / "pip").write_text(f"#!{base}/bin/python\nimport pip\n")
+    (base / "bin" / "activate").write_text(f'VIRTUAL_ENV="{base}"\nPS1="(base) $PS1"\n')
+    (base / "bin" / "python").symlink_to(sys.executable)
+    shutil.copytree(base, copy, symlinks=True)
+    env_build.relocate_scripts(copy, base)
+    assert (copy / "bin" / "pip").read_text() == f"#!{copy}/bin/python\nimport pip\n"
+    assert (copy / "bin" / "activate").read_text() == f'VIRTUAL_ENV="{copy}"\nPS1="(copy) $PS1"\n'
+    assert (copy / "bin" / "python").readlink() == Path(sys.executable)
+
+
+def test_uv_installs_when_at_hand_and_pip_when_requires_python_must_be_ignored(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "uv").write_text("")
+    install, what = env_build.installer(tmp_path, INPUTS)
+    assert what == "uv pip install" and install[:4] == [
+        str(tmp_path / "bin" / "uv"),
+        "pip",
+        "install",
+        "--python",
+    ]
+    older = replace(INPUTS, ignore_requires_python=True)
+    install, what = env_build.installer(tmp_path, older)  # nemo-gym's floor unknown: pip
+    assert what == "pip install" and "--ignore-requires-python" in install
+    wheel = tmp_path / "nemo_gym-9.9.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("nemo_gym-9.9.0.dist-info/METADATA", "Name: nemo-gym\nRequires-Python: >=3.12.14\n")
+    install, what = env_build.installer(tmp_path, replace(older, nemo_gym=str(wheel)))
+    assert what == "uv pip install" and install[-2:] == ["--python-version", "3.12.14"]
 
 
 def test_a_python_that_does_not_exist_is_a_usage_error() -> None:

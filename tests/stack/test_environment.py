@@ -118,3 +118,37 @@ def test_a_broken_config_is_reported_not_taken_for_a_missing_one(
     assert len(info.value.problems) == 1
     assert info.value.problems[0].startswith(f"inline: environments[0] ({ENV}): ")
     assert "needs '${undefined_data_dir}', which is not set" in info.value.problems[0]
+
+
+def nemo_gym_variants(root: Path) -> Path:
+    """A NeMo Gym folder with no config named after it: two configs, each declaring its own server."""
+    folder = root / "resources_servers" / "fmt"
+    (folder / "configs").mkdir(parents=True)
+    (folder / "app.py").write_text("from nemo_gym.base_resources_server import SimpleResourcesServer\n")
+    for variant in ("citation", "freeform"):
+        (folder / "configs" / f"{variant}.yaml").write_text(
+            f"{variant}:\n  resources_servers:\n    fmt:\n      entrypoint: app.py\n"
+            f"{variant}_simple_agent:\n  responses_api_agents:\n    simple_agent:\n"
+            f"      resources_server: {{type: resources_servers, name: {variant}}}\n"
+            "      model_server: {type: responses_api_models, name: policy_model}\n"
+        )
+    return folder
+
+
+def test_data_validate_finds_nemo_gym_folders_by_their_configs_server_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from polygym.blend.validate import validate_files
+    from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
+
+    folder = nemo_gym_variants(tmp_path / "ng")
+    monkeypatch.setenv(NEMO_GYM_ROOT_ENV_VAR, str(tmp_path / "ng"))
+    rows = tmp_path / "rows.jsonl"
+    agent = {"type": "responses_api_agents", "name": "freeform_simple_agent"}
+    rows.write_bytes(orjson.dumps({"responses_create_params": {"input": "hi"}, "agent_ref": agent}) + b"\n")
+    assert load_environment("freeform").config_path == folder / "configs" / "freeform.yaml"
+    assert validate_files([rows], ["freeform"]).problems == []
+    assert validate_files([rows]).problems == []  # every environment: the folder's servers by name
+    problems = validate_files([rows], ["fmt"]).problems
+    assert problems and "its configs declare citation, freeform (name one)" in problems[0]
+    assert "Did you mean" not in problems[0]

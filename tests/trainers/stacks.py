@@ -41,7 +41,7 @@ parity:
     parity: {entrypoint: app.py, domain: other, max_episode_steps: 3}
 parity_gymnasium_agent:
   responses_api_agents:
-    gymnasium_agent:
+    episodic_agent:
       entrypoint: app.py
       resources_server: {type: resources_servers, name: parity}
       model_server: {type: responses_api_models, name: policy_model}

@@ -265,3 +265,33 @@ async def test_nemo_gym_row_without_source_dataset_is_422(env):
         await verify(env, row, synthetic_response("<answer>5</answer>"))
     assert err.value.status == 422
     assert "source_dataset" in err.value.detail
+
+
+def nemo_gym_stored_rollouts() -> list[dict]:
+    """NeMo Gym 0.7.0's own stored rollouts of its reasoning_gym (``response.status`` is null)."""
+    from tests.nemo_gym_wheel import nemo_gym_tree
+
+    path = nemo_gym_tree() / "resources_servers" / "reasoning_gym" / "data" / "example_rollouts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.nemo_gym
+@module_loop
+async def test_nemo_gym_stored_responses_are_accepted_and_read_as_nemo_gym_reads_them(env):
+    """Every stored response verifies (no 422 on ``status: null``) and polygym extracts the answer
+    NeMo Gym recorded from it (stripped: 0.7.0's verifier strips it, the recording kept the blank
+    lines before it). The rollouts keep no question or reference answer, so the row is rebuilt
+    from the prompt and the recorded task, with the recorded extraction as the reference."""
+    stored = nemo_gym_stored_rollouts()
+    assert stored and all(rollout["response"].get("status") is None for rollout in stored)
+    for rollout in stored:
+        question = rollout["responses_create_params"]["input"][-1]["content"]
+        row = {
+            "responses_create_params": rollout["responses_create_params"],
+            "question": question,
+            "answer": rollout["extracted_answer"],
+            "metadata": {"source_dataset": rollout["task_name"]},
+        }
+        result = await verify(env, row, rollout["response"])
+        assert result["extracted_answer"] == rollout["extracted_answer"].strip()
+        assert (result["task"], result["reward"]) == (rollout["task_name"], 1.0)

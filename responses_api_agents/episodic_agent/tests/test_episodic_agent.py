@@ -1,4 +1,4 @@
-"""gymnasium_agent end to end: guess_number + the agent + the scripted model in one inline stack.
+"""episodic_agent end to end: guess_number + the agent + the scripted model in one inline stack.
 
 The scripted model plays from a per-request script (``metadata.script``). It counts model turns
 since the last user message, so multi-step scripts play in ``tool`` mode (observations are
@@ -28,7 +28,7 @@ GAME = {"low": 1, "high": 100, "secret": 37, "max_guesses": 8}
 EXTRA_CONFIG = f"""
 {TOOL_AGENT}:
   responses_api_agents:
-    gymnasium_agent:
+    episodic_agent:
       entrypoint: app.py
       resources_server: {{type: resources_servers, name: guess_number}}
       model_server: {{type: responses_api_models, name: policy_model}}
@@ -36,7 +36,7 @@ EXTRA_CONFIG = f"""
       max_steps: 12
 short_agent:
   responses_api_agents:
-    gymnasium_agent:
+    episodic_agent:
       entrypoint: app.py
       resources_server: {{type: resources_servers, name: guess_number}}
       model_server: {{type: responses_api_models, name: policy_model}}

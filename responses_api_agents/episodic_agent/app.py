@@ -1,4 +1,4 @@
-"""gymnasium_agent: plays a reset/step environment (``polygym.servers.episodic``) turn by turn with the model.
+"""episodic_agent: plays a reset/step environment (``polygym.servers.episodic``) turn by turn with the model.
 
 One rollout: ``/seed_session`` with the row, ``/reset`` for the first observation, then up to
 ``max_steps`` times: ask the model (the conversation so far), read the turn's action, ``/step`` it,
