@@ -57,6 +57,7 @@ from polygym.blend.planner import Plan
 from polygym.blend.spec import BlendSpec, load_spec
 from polygym.blend.stepwise import environments_to_serve
 from polygym.collect.compare import Comparison
+from polygym.collect.regression import Regression
 from polygym.collect.rollouts import Limits
 from polygym.jsonl import append_jsonl, iter_jsonl
 from polygym.row import ALL_ENVS
@@ -74,7 +75,6 @@ from polygym.training.collector import TokenCollector, TokenStep
 from polygym.training.env_metrics import validation_metrics
 from polygym.training.off_policy import DEFAULT_IS_CAP, OffPolicy
 from polygym.training.policy_version import OnStale, StalenessBound
-from polygym.training.regression import Regression
 from polygym.training.run_report import (
     dynamic_totals,
     final_comparison,

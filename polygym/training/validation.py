@@ -19,11 +19,11 @@ from typing import Any
 
 from polygym.blend.mix import Blend
 from polygym.collect.eval_run import run_eval
+from polygym.collect.regression import Regression, judge_regression, task_rewards
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import iter_jsonl
 from polygym.row import Job, make_job, reward
 from polygym.training.collector import TokenCollector
-from polygym.training.regression import Regression, judge_regression, task_rewards
 
 
 def validation_jobs(blend: Blend, limit: int | None, sampling: dict[str, Any]) -> list[Job]:

@@ -47,6 +47,7 @@ from polygym.blend.mix import Blend, load_blend
 from polygym.blend.spec import load_spec
 from polygym.blend.stepwise import environments_to_serve
 from polygym.collect.eval_run import run_eval
+from polygym.collect.regression import Regression
 from polygym.collect.rollouts import Limits
 from polygym.collect.run_files import RunFiles
 from polygym.jsonl import append_jsonl, iter_jsonl
@@ -55,7 +56,6 @@ from polygym.row import reward
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
 from polygym.stack.session import StackSession, StackTarget
-from polygym.training.regression import Regression
 from polygym.training.validation import regressions, validation_file, validation_jobs, validation_lines
 
 OnAlarm = Literal["exit", "continue"]

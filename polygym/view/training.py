@@ -12,10 +12,11 @@ A training folder holds, and gains while the run goes:
 * ``summary.json`` once the run has ended (its ``--max-regression`` limits and alarms).
 
 Alarms are shown as they fire: a masked-share alarm from the step log, and a validation
-regression by the trainer's own rule (``polygym.training.run.regressions``: ``gym eval compare``
-of a point's rollouts against step 0's, a drop whose whole interval lies below the limit), for
-every environment: at the run's ``--max-regression`` limit where ``summary.json`` gives one, else
-at ``gym eval compare``'s default threshold (each alarm names the one it used).
+regression by the trainer's own rule (``polygym.collect.regression``: a point's reward fell by more
+than the limit since step 0 and the 95% paired interval of the drop excludes 0, or nothing was
+scored): for the environments of the run's ``--max-regression`` where ``summary.json`` gives them,
+else, while the run goes, every environment at ``gym eval compare``'s default threshold (each
+alarm names the limit it used).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import Any
 
 import orjson
 
-from polygym.collect.compare import DEFAULT_THRESHOLD, REWARD, CompareError, compare
+from polygym.collect.compare import DEFAULT_THRESHOLD
+from polygym.collect.regression import judge_regression, task_rewards
 from polygym.jsonl import iter_jsonl
 from polygym.row import ALL_ENVS, ENV_FIELD
 
@@ -147,30 +149,25 @@ def masked_alarms(log: list[dict[str, Any]]) -> list[Alarm]:
 
 
 def regression_alarms(training: Training) -> list[Alarm]:
-    """Each validation point after step 0 against step 0, per environment, by ``gym eval compare``."""
+    """Each validation point after step 0 against step 0, by the trainer's own rule
+    (``polygym.collect.regression``): the environments of the run's ``--max-regression`` at their
+    limits, or, while the limits are not known yet, every environment at ``DEFAULT_THRESHOLD``."""
     base = training.files.get(0)
-    out: list[Alarm] = []
     if base is None:
-        return out
+        return []
     envs = sorted({p.env for p in training.points})
+    limits = training.limits if training.limits_known else dict.fromkeys(envs, DEFAULT_THRESHOLD)
+    by_agent = {training.agents.get(env, env): env for env in envs}
+    before = task_rewards(base, by_agent)
+    out: list[Alarm] = []
     for step, path in sorted(training.files.items()):
         if step == 0:
             continue
-        for env in envs:
-            limit = training.limits.get(env, DEFAULT_THRESHOLD)
-            agent = training.agents.get(env, env)
-            try:
-                result = compare(base, path, threshold=limit, metrics=(REWARD,), agents=[agent])
-            except CompareError:
-                continue
-            for judged in result.candidates[0].environments:
-                for m in judged.metrics:
-                    if m.regression and m.delta is not None and m.low is not None and m.high is not None:
-                        text = (
-                            f"validation reward {m.base:.3f} → {m.new:.3f} since step 0; the 95% interval "
-                            f"of the change [{m.low:+.3f}, {m.high:+.3f}] lies below -{limit:g}"
-                        )
-                        out.append(Alarm(step, env, REGRESSION, text))
+        now = task_rewards(path, by_agent)
+        for env, limit in sorted(limits.items()):
+            verdict = judge_regression(env, step, before.get(env, {}), now.get(env, {}), limit)
+            if verdict.alarm:
+                out.append(Alarm(step, env, REGRESSION, verdict.describe()))
     return out
 
 

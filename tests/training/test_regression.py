@@ -1,4 +1,4 @@
-"""The ``--max-regression`` rule at each of its boundaries (``polygym.training.regression``)."""
+"""The ``--max-regression`` rule at each of its boundaries (``polygym.collect.regression``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from polygym.training.regression import judge_regression, task_rewards
+from polygym.collect.regression import judge_regression, task_rewards
 
 BEFORE = {task: 1.0 for task in range(32)}
 

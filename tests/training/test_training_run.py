@@ -180,8 +180,8 @@ def test_max_regression_flags_are_checked_and_drops_are_found(tmp_path: Path) ->
 def test_on_regression_stop_ends_training_after_the_regressed_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from polygym.collect.regression import Regression
     from polygym.training import run as run_module
-    from polygym.training.regression import Regression
 
     def always(step: int, base: Path, now: Path, limits: Any, agents: Any) -> list[Regression]:
         assert base.name == "validation_before.jsonl" and now.exists()  # judged on the rollouts

@@ -44,7 +44,7 @@ def test_training_view_follows_the_run_as_it_goes(tmp_path: Path) -> None:
     assert alarms["name"] == "regression alarm" and alarms["x"] == [16, 24] and alarms["text"] == ["mcqa"] * 2
     # mcqa forgot after step 8: an alarm at 16 and at 24, at the run's own limit (summary.json)
     assert re.findall(r"step (\d+) · (\w+) · validation regression", page) == [("16", "mcqa"), ("24", "mcqa")]
-    assert "below -0.05" in page
+    assert "more than --max-regression 0.05" in page  # the limit the run set, in the trainer's own alarm line
     # every point links to its rollouts, which are escaped like every page
     link = re.search(r'<tr data-step="16">.*?href="(/run/(\d+)/rollouts\?env=mcqa)"', page, flags=re.S)
     assert link is not None

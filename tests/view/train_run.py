@@ -122,7 +122,7 @@ def train_step(folder: Path, step: int) -> None:
             "target_share": 1.0,
             "planned_share": 1.0,
             "realized_share": 1.0,
-            "reward_mean": 0.3,
+            "reward_mean": sum(line["reward_mean"] for line in lines) / len(lines),  # equal rollouts each
         }
     )
     _append(folder / "rollouts" / "train.jsonl", rollouts)
