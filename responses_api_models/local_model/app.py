@@ -45,7 +45,6 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from polygym import (
-    TRAINING_TOKEN_FIELDS,
     HTTPError,
     ModelServer,
     ServerConfig,
@@ -61,10 +60,12 @@ from polygym.models import (
     Continuation,
     NoCleanSuffix,
     WeightsError,
+    call_fields,
     check_prefix,
     ensure_weights,
     item_type,
     join,
+    logprob_semantics,
     parent_ids,
     probe_messages,
     suffix_text,
@@ -604,15 +605,13 @@ def _training_fields(turn: Turn, temperature: float | None) -> dict[str, Any]:
     """The training token fields, stamped with llama.cpp's log-prob semantics: without
     ``post_sampling_probs`` its probabilities are the model's raw distribution."""
     generation = turn.generation
-    values = (list(turn.prompt_ids), list(generation.token_ids), list(generation.log_probs))
-    semantics = chat_convert.logprob_semantics("llama_cpp", temperature, "raw")
-    fields = {
-        **dict(zip(TRAINING_TOKEN_FIELDS, values, strict=True)),
-        chat_convert.LOGPROB_SEMANTICS_FIELD: semantics,
-    }
-    if turn.continuation is not None:
-        fields[chat_convert.PROMPT_CONTINUATION_FIELD] = turn.continuation.stamp()
-    return fields
+    return call_fields(
+        turn.prompt_ids,
+        generation.token_ids,
+        generation.log_probs,
+        logprob_semantics("llama_cpp", temperature, "raw"),
+        None if turn.continuation is None else turn.continuation.stamp(),
+    )
 
 
 def _logprob_entries(generation: Generation, top: int) -> list[dict[str, Any]]:
