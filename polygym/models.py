@@ -9,8 +9,8 @@ environments never see:
 - ``chat`` and ``messages``: the Responses <-> Chat Completions and <-> Anthropic Messages
   converters (modules), and the few ``chat`` names servers use bare (``item_type``, the
   echoed-field names);
-- token capture (``polygym.token_fields``): the field names, ``attach_token_fields`` /
-  ``call_fields`` to write one call's fields, ``strip_token_fields`` before a history goes
+- token capture (``polygym.token_fields``): the field names, ``attach_token_fields`` to write
+  one call's fields, ``strip_token_fields`` before a history goes
   upstream, ``logprob_semantics``;
 - ``relay`` and ``upstream_failure``: forward a request upstream and turn what went wrong into an
   ``HTTPError`` carrying its failure class; ``failure``: those classes (module); ``budget``: the
@@ -44,7 +44,6 @@ from polygym.token_fields import (
     PROMPT_CONTINUATION_FIELD,
     TRAINING_TOKEN_FIELDS,
     attach_token_fields,
-    call_fields,
     logprob_semantics,
     strip_token_fields,
 )
@@ -75,7 +74,6 @@ __all__ = [
     "WeightsError",
     "attach_token_fields",
     "budget",
-    "call_fields",
     "chat",
     "check_prefix",
     "ensure_weights",

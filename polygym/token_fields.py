@@ -56,31 +56,6 @@ def logprob_semantics(source: str, temperature: float | None, processed: str, **
     return {"source": source, "temperature": temperature, "processed": processed, **extra}
 
 
-def call_fields(
-    prompt_token_ids: Sequence[int],
-    generation_token_ids: Sequence[int],
-    generation_log_probs: Sequence[float],
-    semantics: dict[str, Any] | None = None,
-    continuation: dict[str, Any] | None = None,
-    policy_version: int | None = None,
-) -> dict[str, Any]:
-    """One model call's training fields, with ``semantics`` (``logprob_semantics``) when the server
-    knows how its log-probs were taken, ``continuation`` (``PROMPT_CONTINUATION_FIELD``) when the
-    prompt continued earlier ids, and the ``policy_version`` that generated it when stated."""
-    fields: dict[str, Any] = {
-        PROMPT_TOKEN_IDS: list(prompt_token_ids),
-        GENERATION_TOKEN_IDS: list(generation_token_ids),
-        GENERATION_LOG_PROBS: list(generation_log_probs),
-    }
-    if semantics is not None:
-        fields[LOGPROB_SEMANTICS_FIELD] = dict(semantics)
-    if continuation is not None:
-        fields[PROMPT_CONTINUATION_FIELD] = dict(continuation)
-    if policy_version is not None:
-        fields[POLICY_VERSION_FIELD] = policy_version
-    return fields
-
-
 def attach_token_fields(
     output: list[dict[str, Any]],
     prompt_token_ids: Sequence[int],
@@ -90,19 +65,22 @@ def attach_token_fields(
     continuation: dict[str, Any] | None = None,
     policy_version: int | None = None,
 ) -> None:
-    """Put one model call's ``call_fields`` on its last output item (DESIGN §3)."""
+    """Put one model call's training fields on its last output item (DESIGN §3), with ``semantics``
+    (``logprob_semantics``) when the server knows how its log-probs were taken, ``continuation``
+    (``PROMPT_CONTINUATION_FIELD``) when the prompt continued earlier ids, and the
+    ``policy_version`` that generated it when the upstream stated one."""
     if not output:
         raise ValueError("a model call with token ids must have at least one output item")
-    output[-1].update(
-        call_fields(
-            prompt_token_ids,
-            generation_token_ids,
-            generation_log_probs,
-            semantics,
-            continuation,
-            policy_version,
-        )
-    )
+    last = output[-1]
+    last[PROMPT_TOKEN_IDS] = list(prompt_token_ids)
+    last[GENERATION_TOKEN_IDS] = list(generation_token_ids)
+    last[GENERATION_LOG_PROBS] = list(generation_log_probs)
+    if semantics is not None:
+        last[LOGPROB_SEMANTICS_FIELD] = dict(semantics)
+    if continuation is not None:
+        last[PROMPT_CONTINUATION_FIELD] = dict(continuation)
+    if policy_version is not None:
+        last[POLICY_VERSION_FIELD] = policy_version
 
 
 def strip_token_fields(items: Any) -> Any:

@@ -60,7 +60,7 @@ from polygym.models import (
     Continuation,
     NoCleanSuffix,
     WeightsError,
-    call_fields,
+    attach_token_fields,
     check_prefix,
     ensure_weights,
     item_type,
@@ -388,7 +388,7 @@ class LocalModel(ModelServer[Config]):
         if want_logprobs:
             choice["logprobs"] = {"content": _logprob_entries(turn.generation, top)}
         if want_tokens:
-            choice["message"].update(_training_fields(turn, self._temperature(params)))
+            _attach_training_fields([choice["message"]], turn, self._temperature(params))
         cached = turn.generation.cached_tokens
         completion["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
         return completion
@@ -552,7 +552,7 @@ class LocalModel(ModelServer[Config]):
         for call in turn.parsed.calls:
             output.append(function_call_item(call.name, json.dumps(call.arguments, ensure_ascii=False)))
         if want_tokens:
-            output[-1].update(_training_fields(turn, self._temperature(body)))
+            _attach_training_fields(output, turn, self._temperature(body))
         extra: dict[str, Any] = {"error": None, "incomplete_details": None}
         status = "completed"
         if generation.finish_reason == "length" and not turn.parsed.calls:
@@ -601,11 +601,12 @@ def _fresh_calls(calls: list[ParsedCall], seen: set[str]) -> list[ParsedCall]:
     return fresh
 
 
-def _training_fields(turn: Turn, temperature: float | None) -> dict[str, Any]:
-    """The training token fields, stamped with llama.cpp's log-prob semantics: without
-    ``post_sampling_probs`` its probabilities are the model's raw distribution."""
+def _attach_training_fields(output: list[dict[str, Any]], turn: Turn, temperature: float | None) -> None:
+    """The training token fields on ``output``'s last item, stamped with llama.cpp's log-prob
+    semantics: without ``post_sampling_probs`` its probabilities are the model's raw distribution."""
     generation = turn.generation
-    return call_fields(
+    attach_token_fields(
+        output,
         turn.prompt_ids,
         generation.token_ids,
         generation.log_probs,
