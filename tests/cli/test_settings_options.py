@@ -11,7 +11,7 @@ import click
 from click.testing import CliRunner
 
 from polygym.cli.settings_options import given, settings_from, settings_options
-from polygym.settings import cli
+from polygym.settings import CLI_KEY, cli
 
 
 @dataclass
@@ -68,4 +68,12 @@ def test_every_gym_train_run_setting_is_an_option_declared_by_its_field() -> Non
         if f.name == "trainer_overrides":
             assert f.name not in params
             continue
-        assert params[f.name].help == f.metadata["polygym.cli"].help or f.metadata["polygym.cli"].argument
+        spec = f.metadata[CLI_KEY]
+        assert spec.argument or params[f.name].help == spec.help
+
+
+def test_a_command_can_give_a_shared_setting_its_own_default_and_help() -> None:
+    from polygym.cli.train import compare_mixes_command
+
+    steps = next(p for p in compare_mixes_command.params if p.name == "steps")
+    assert steps.default == 20 and isinstance(steps, click.Option) and steps.help == "Steps per arm."
