@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from polygym.net.retry import NO_RETRY, RetryPolicy
     from polygym.protocol import (
         STEP_LIMIT,
-        TRAINING_TOKEN_FIELDS,
         SeedSessionRequest,
         VerifyRequest,
         VerifyResponse,
@@ -67,6 +66,7 @@ if TYPE_CHECKING:
     from polygym.servers.model import ModelServer, UpstreamConfig
     from polygym.servers.resources import ResourcesServer, ResourcesServerConfig, tool
     from polygym.servers.sessions import Session
+    from polygym.token_fields import TRAINING_TOKEN_FIELDS
 
 _HOMES: dict[str, tuple[str, ...]] = {
     "polygym.authoring.check": ("check_env", "check_env_async"),
@@ -75,7 +75,6 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "polygym.net.retry": ("NO_RETRY", "RetryPolicy"),
     "polygym.protocol": (
         "STEP_LIMIT",
-        "TRAINING_TOKEN_FIELDS",
         "SeedSessionRequest",
         "VerifyRequest",
         "VerifyResponse",
@@ -112,6 +111,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "polygym.servers.model": ("ModelServer", "UpstreamConfig"),
     "polygym.servers.resources": ("ResourcesServer", "ResourcesServerConfig", "tool"),
     "polygym.servers.sessions": ("Session",),
+    "polygym.token_fields": ("TRAINING_TOKEN_FIELDS",),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 

@@ -8,7 +8,10 @@ environments never see:
 
 - ``chat`` and ``messages``: the Responses <-> Chat Completions and <-> Anthropic Messages
   converters (modules), and the few ``chat`` names servers use bare (``item_type``, the
-  echoed-field and token-field names);
+  echoed-field names);
+- token capture (``polygym.token_fields``): the field names, ``attach_token_fields`` to write
+  one call's fields, ``strip_token_fields`` before a history goes
+  upstream, ``logprob_semantics``;
 - ``relay`` and ``upstream_failure``: forward a request upstream and turn what went wrong into an
   ``HTTPError`` carrying its failure class; ``failure``: those classes (module); ``budget``: the
   retry budget and deadline the call chain shares (module); ``Reply``, ``TRANSIENT_STATUSES``;
@@ -26,14 +29,7 @@ module, which stays the one place it is defined.
 from __future__ import annotations
 
 from polygym.dialects import chat, messages
-from polygym.dialects.chat import (
-    ECHOED_RESPONSE_FIELDS,
-    POLICY_VERSION_FIELD,
-    PROMPT_CONTINUATION_FIELD,
-    attach_token_fields,
-    item_type,
-    strip_token_fields,
-)
+from polygym.dialects.chat import ECHOED_RESPONSE_FIELDS, item_type
 from polygym.json_schema import example_arguments
 from polygym.net import budget, failure
 from polygym.net.client import Reply
@@ -41,8 +37,17 @@ from polygym.net.retry import TRANSIENT_STATUSES
 from polygym.redact import redact_text
 from polygym.servers.base import validation_message
 from polygym.servers.model import Probe, relay, upstream_failure
-from polygym.training.continuation import (
+from polygym.token_fields import (
+    LOGPROB_SEMANTICS_FIELD,
+    POLICY_VERSION_FIELD,
     PREFIX_FIELD,
+    PROMPT_CONTINUATION_FIELD,
+    TRAINING_TOKEN_FIELDS,
+    attach_token_fields,
+    logprob_semantics,
+    strip_token_fields,
+)
+from polygym.training.continuation import (
     Continuation,
     NoCleanSuffix,
     check_prefix,
@@ -56,9 +61,11 @@ from polygym.weights import KNOWN_MODELS, WeightsError, ensure_weights
 __all__ = [
     "ECHOED_RESPONSE_FIELDS",
     "KNOWN_MODELS",
+    "LOGPROB_SEMANTICS_FIELD",
     "POLICY_VERSION_FIELD",
     "PREFIX_FIELD",
     "PROMPT_CONTINUATION_FIELD",
+    "TRAINING_TOKEN_FIELDS",
     "TRANSIENT_STATUSES",
     "Continuation",
     "NoCleanSuffix",
@@ -74,6 +81,7 @@ __all__ = [
     "failure",
     "item_type",
     "join",
+    "logprob_semantics",
     "messages",
     "parent_ids",
     "probe_messages",

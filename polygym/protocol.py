@@ -23,8 +23,6 @@ RESOURCES_KIND = "resources_servers"
 MODEL_KIND = "responses_api_models"
 SERVER_KINDS = (RESOURCES_KIND, AGENT_KIND, MODEL_KIND)
 
-TRAINING_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
-
 
 class OpenModel(BaseModel):
     """Base for wire models: keeps unknown fields so rows round-trip unchanged.

@@ -6,6 +6,7 @@ import ipaddress
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,8 +29,10 @@ from polygym.cli.base import (
 from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.placement_options import placement_options, replica_counts
 from polygym.cli.server_health import ping_servers, upstream_problems
+from polygym.cli.settings_options import settings_from, settings_options
 from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
+from polygym.settings import cli
 from polygym.stack import records as stacks
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError
@@ -101,48 +104,55 @@ def pool_label(pool_size: Any) -> str:
     return "unlimited" if pool_size in (None, 0) else str(pool_size)
 
 
+@dataclass(frozen=True)
+class StartSettings:
+    """How ``gym env start`` serves the merged stack, each setting declared once (``polygym.settings``);
+    the selectors and placement are the option groups other commands share."""
+
+    backend: str = field(
+        default=DEFAULT_BACKEND,
+        metadata=cli(
+            "inline: one process, in-process calls; subprocess: one process per server; ray: one Ray "
+            "actor per server replica (pip install 'polygym[ray]').",
+            choices=tuple(sorted(BACKENDS)),
+        ),
+    )
+    head_host: str = field(
+        default="127.0.0.1",
+        metadata=cli(
+            "Address the head server listens on; any other than loopback is warned about (docs/security.md)."
+        ),
+    )
+    head_port: int | None = field(
+        default=None,
+        metadata=cli(
+            "Port of the head server [default: 11000, or any free port if taken].", min=0, max=65535
+        ),
+    )
+    concurrency: int | None = field(
+        default=None,
+        metadata=cli(
+            "Most requests the servers make to each other at once: the size of their connection "
+            "pools [default: no limit; the collectors' --concurrency bounds the load].",
+            min=1,
+        ),
+    )
+
+
 @env.command("start")
 @selector_options
-@click.option(
-    "--backend",
-    type=click.Choice(sorted(BACKENDS)),
-    default=DEFAULT_BACKEND,
-    show_default=True,
-    help="inline: one process, in-process calls; subprocess: one process per server; ray: one Ray "
-    "actor per server replica (pip install 'polygym[ray]').",
-)
+@settings_options(StartSettings, ("backend",))
 @placement_options
-@click.option(
-    "--head-host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address the head server listens on; any other than loopback is warned about (docs/security.md).",
-)
-@click.option(
-    "--head-port",
-    type=click.IntRange(0, 65535),
-    default=None,
-    help="Port of the head server [default: 11000, or any free port if taken].",
-)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Most requests the servers make to each other at once: the size of their connection "
-    "pools [default: no limit; the collectors' --concurrency bounds the load].",
-)
+@settings_options(StartSettings, ("head_host", "head_port", "concurrency"))
 def start(
     resources_servers: tuple[str, ...],
     model_types: tuple[str, ...],
     configs: tuple[str, ...],
     overrides: tuple[str, ...],
-    backend: str,
-    head_host: str,
-    head_port: int | None,
-    concurrency: int | None,
     ray_address: str | None,
     replicas: tuple[str, ...],
     workers: str | None,
+    **values: Any,
 ) -> None:
     """Start every server of the merged config in the foreground; Ctrl-C stops them all.
 
@@ -151,17 +161,18 @@ def start(
       gym env start --model-type openai_model \\
           --resources-server example_single_tool_call --resources-server example_multi_step
     """
-    exposed = exposure_warning(head_host)
+    settings = settings_from(StartSettings, values)
+    exposed = exposure_warning(settings.head_host)
     if exposed:
         console(stderr=True).print("[yellow]warning:[/]", escape(exposed))
     config = load_stack_config(resources_servers, model_types, configs, overrides)
     try:
         stack = Stack(
             config,
-            backend,
-            head_host,
-            head_port,
-            pool_size=concurrency,
+            settings.backend,
+            settings.head_host,
+            settings.head_port,
+            pool_size=settings.concurrency,
             ray_address=ray_address,
             replicas=replica_counts(replicas, config),
             workers=parse_workers(workers),

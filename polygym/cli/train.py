@@ -32,15 +32,13 @@ from polygym.cli.base import (
     fail,
 )
 from polygym.cli.blend_run import load_spec_or_exit
+from polygym.cli.settings_options import given, settings_from, settings_options
 from polygym.collect.dataset import DatasetError
 from polygym.jsonl import count_rows
 from polygym.net.client import ServerCallError
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError
-from polygym.training.off_policy import DEFAULT_IS_CAP
-from polygym.training.policy_serving import RETEMPLATED_MASKED_SHARE
-from polygym.training.policy_version import ON_STALE, OnStale
-from polygym.training.trl_adapter import GRADIENT_SHARES, GradientShare
+from polygym.training.run_settings import POLICY_FIELDS, RunSettings
 
 
 @click.group(cls=SuggestingGroup)
@@ -155,24 +153,19 @@ def parse_max_regressions(values: tuple[str, ...]) -> dict[str, float]:
     return limits
 
 
-def check_off_policy_options(
-    off_policy: bool,
-    max_staleness: int | None,
-    is_cap: float | None,
-    vllm_server: str | None,
-    vllm_prefix_token_ids: bool,
-) -> None:
+def check_off_policy_options(settings: RunSettings, is_cap_given: bool) -> None:
     """Exit 2 naming an option the off-policy and vLLM settings cannot honour together."""
-    if vllm_prefix_token_ids and vllm_server is None:
+    vllm_server = settings.vllm_server
+    if settings.vllm_prefix_token_ids and vllm_server is None:
         fail(
             "--vllm-prefix-token-ids needs --vllm-server (polygym's own server always extends ids)",
             EXIT_USAGE,
         )
-    if off_policy and max_staleness == 0:
+    if settings.off_policy and settings.max_staleness == 0:
         fail(
             "--max-staleness 0 refuses every rollout --off-policy trains (they are 1 step stale)", EXIT_USAGE
         )
-    if is_cap is not None and not off_policy:
+    if is_cap_given and not settings.off_policy:
         fail("--is-cap needs --off-policy (on-policy rollouts need no correction)", EXIT_USAGE)
     if vllm_server is not None and not vllm_server.startswith(("http://", "https://")):
         fail(f"--vllm-server {vllm_server!r} must be an http:// or https:// URL", EXIT_USAGE)
@@ -197,50 +190,10 @@ def check_report_to(backends: tuple[str, ...]) -> None:
             fail(f"--report-to {backend}: not installed (installed: {installed})", EXIT_USAGE)
 
 
-_POLICY_OPTIONS = (
-    click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path)),
-    click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]..."),
-    click.option(
-        "--output", "-o", type=click.Path(path_type=Path), required=True, help="Folder for every file."
-    ),
-    click.option(
-        "--model", default="smollm2-135m", show_default=True, help="Known model name, GGUF file or HF folder."
-    ),
-    click.option(
-        "--learning-rate", "--lr", type=float, default=1e-4, show_default=True, help="Constant learning rate."
-    ),
-    click.option("--temperature", type=float, default=1.0, show_default=True, help="Sampling temperature."),
-    click.option(
-        "--max-output-tokens", type=click.IntRange(min=1), default=None, help="Default: each row's own."
-    ),
-    click.option(
-        "--validation-limit", type=click.IntRange(min=1), default=None, help="Validation rows per env."
-    ),
-    click.option(
-        "--config", "configs", multiple=True, help="Extra config file merged into the stack (repeatable)."
-    ),
-    click.option(
-        "--concurrency",
-        type=click.IntRange(min=1),
-        default=64,
-        show_default=True,
-        help="Rollouts in flight at once, shared out between the environments of a step.",
-    ),
-    click.option(
-        "--threads", type=click.IntRange(min=1), default=None, help="Torch threads (default: all cores)."
-    ),
-    click.option(
-        "--train-layers", type=click.IntRange(min=1), default=None, help="Train only the top N blocks."
-    ),
-)
-
-
 def policy_options(command: Any) -> Any:
     """The spec, stack, policy and sampling options of every command that trains (`gym train run`,
-    `gym train compare-mixes`): one definition, so the two cannot drift apart."""
-    for option in reversed(_POLICY_OPTIONS):
-        command = option(command)
-    return command
+    `gym train compare-mixes`): one declaration (``RunSettings``), so the two cannot drift apart."""
+    return settings_options(RunSettings, POLICY_FIELDS)(command)
 
 
 def require_training_extra(command: str) -> None:
@@ -254,196 +207,8 @@ def require_training_extra(command: str) -> None:
 
 
 @train.command("run")
-@policy_options
-@click.option("--steps", type=click.IntRange(min=1), default=24, show_default=True, help="Optimizer steps.")
-@click.option("--step-timeout", type=float, default=None, help="Seconds per step before stragglers are cut.")
-@click.option("--save-model", is_flag=True, help="Save the trained weights to OUTPUT/model.")
-@click.option(
-    "--gradient-share",
-    type=click.Choice(GRADIENT_SHARES),
-    default="tokens",
-    show_default=True,
-    help="How the loss splits between environments. tokens: every trained token weighs 1, so an "
-    "environment with longer episodes takes more of the gradient than of the prompts. plan: scale each "
-    "environment's per-token loss weight so its share of the gradient equals its planned share. "
-    "train_log.jsonl reports trained_token_share and gradient_share per environment and step.",
-)
-@click.option(
-    "--validate-every",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Also validate every N steps (greedy, the same rows each time), besides before and after; "
-    "every validation adds a line per environment (eval_only ones included) to OUTPUT/validation.jsonl.",
-)
-@click.option(
-    "--seed",
-    type=int,
-    default=None,
-    help="Seed of the trainer (TRL and torch: sampling, dropout, any initialization), separate from "
-    "the blend spec's seed, which alone decides the prompts of every step. Default: the spec's seed.",
-)
-@click.option(
-    "--max-regression",
-    "max_regressions",
-    multiple=True,
-    metavar="ENV=DELTA",
-    help="Warn when ENV's mean validation reward fell more than DELTA since step 0 and the 95% "
-    "paired-bootstrap interval of the drop (over the same prompts) excludes 0, at any validation "
-    "(--validate-every) and at the end; a validation with no scored rollout of ENV also warns. The "
-    "warning shows the drop and its interval (repeatable; summary.json lists them; rule in "
-    "docs/multi_env_batches.md).",
-)
-@click.option(
-    "--on-regression",
-    type=click.Choice(["warn", "stop"]),
-    default="warn",
-    show_default=True,
-    help="stop: also end training after the step whose validation regressed.",
-)
-@click.option(
-    "--max-masked-share",
-    type=click.FloatRange(min=0, max=1),
-    default=None,
-    metavar="SHARE",
-    help="Alarm when more than SHARE of an environment's rollouts in a step are masked (trained on "
-    "nothing: history drift the model server could not avoid, missing token ids): a warning, "
-    "masked_alarm in train_log.jsonl and the trainer's metrics. Every step reports masked_share.",
-)
-@click.option(
-    "--on-masked",
-    type=click.Choice(["warn", "stop"]),
-    default="warn",
-    show_default=True,
-    help="stop: also end training after the step whose masked share passed --max-masked-share.",
-)
-@click.option(
-    "--max-staleness",
-    type=click.IntRange(min=0),
-    default=None,
-    help="The most optimizer steps a trained rollout may lag the policy that trains on it (every "
-    "rollout is stamped with the policy version that generated it). Default: no bound, 1 with "
-    "--off-policy. train_log.jsonl records each step's versions and staleness.",
-)
-@click.option(
-    "--on-stale",
-    type=click.Choice(ON_STALE),
-    default="refuse",
-    show_default=True,
-    help="refuse: mask rollouts staler than --max-staleness (no gradient; reward still reported); "
-    "report: train on them and count them.",
-)
-@click.option(
-    "--off-policy",
-    is_flag=True,
-    help="One-step off-policy: collect step N+1 while step N trains (the generator serves a copy of "
-    "the weights, synced before each step), with a truncated importance-sampling correction from the "
-    "recorded generation log-probs; each step's IS ratios go to train_log.jsonl.",
-)
-@click.option(
-    "--is-cap",
-    type=click.FloatRange(min=1.0),
-    default=None,
-    help=f"Truncation of the --off-policy importance ratio (default {DEFAULT_IS_CAP}).",
-)
-@click.option(
-    "--vllm-server",
-    default=None,
-    metavar="URL",
-    help="Generate with a vLLM server (http://host:8000) fed the trainer's weights by TRL's server mode "
-    "(use_vllm=True) before each step, instead of the in-process generation server. Needs a CUDA "
-    "trainer and vllm installed; recipe in examples/train_grpo_vllm/. Multi-turn prompts after the "
-    "first are then rendered from the history's text (counted as retemplated_turns; a drifted rollout "
-    f"is masked; masked-share alarm at {RETEMPLATED_MASKED_SHARE:.0%} unless --max-masked-share says "
-    "otherwise).",
-)
-@click.option(
-    "--vllm-prefix-token-ids",
-    is_flag=True,
-    help="The --vllm-server implements NeMo Gym's required_prefix_token_ids extension (NeMo RL's vLLM "
-    "server does; stock vllm serve and trl vllm-serve do not): multi-turn prompts then extend the exact "
-    "ids generated instead of re-rendering the history. A server without it fails drifted turns (502).",
-)
-@click.option(
-    "--allow-starved",
-    "allow_starved",
-    multiple=True,
-    metavar="ENV",
-    help="Train although the plan gives ENV 0 prompts in every step (it is still validated). Without "
-    "it such a plan exits 2; every warning of the plan (gym train plan) is shown before step 0 "
-    "(repeatable).",
-)
-@click.option(
-    "--dynamic-sampling",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="MAX_EXTRA",
-    help="Replace prompt groups whose rewards all agree (no GRPO signal) with groups of extra prompts "
-    "from the same environment, so every environment keeps its exact quota; each environment draws at "
-    "most MAX_EXTRA extra prompts per step, and slots still without signal are counted as unfilled. "
-    "train_log.jsonl's dynamic_sampling field says, per environment and step, what was drawn, seen and "
-    "dropped. Default: off.",
-)
-@click.option(
-    "--checkpoint-every",
-    type=click.IntRange(min=1),
-    default=None,
-    metavar="N",
-    help="Save a checkpoint (weights, optimizer, RNG states, trainer state) to OUTPUT/trainer every N "
-    "steps, keeping the last two (each up to about 3x the float32 model: weights and Adam state). "
-    "Default: none.",
-)
-@click.option(
-    "--resume",
-    is_flag=True,
-    help="Continue the run in OUTPUT from its last checkpoint: the same settings are required, steps "
-    "after the checkpoint are collected again with the same prompts and quotas, and every file holds "
-    "each step exactly once.",
-)
-@click.option(
-    "--report-to",
-    "report_to",
-    multiple=True,
-    metavar="BACKEND",
-    help="Send every log record (TRL's and polygym/<env>/... per environment: reward, tokens, "
-    "truncated_share, zero_variance_share, masked_share, validation_reward) to a transformers "
-    "integration: tensorboard, wandb, mlflow... (repeatable; the backend's package must be installed). "
-    "Default: none (trainer_log.jsonl holds the same records).",
-)
-def run(
-    spec_path: Path,
-    overrides: tuple[str, ...],
-    output: Path,
-    model: str,
-    steps: int,
-    learning_rate: float,
-    temperature: float,
-    max_output_tokens: int | None,
-    validation_limit: int | None,
-    configs: tuple[str, ...],
-    concurrency: int,
-    step_timeout: float | None,
-    threads: int | None,
-    train_layers: int | None,
-    save_model: bool,
-    gradient_share: GradientShare,
-    validate_every: int | None,
-    seed: int | None,
-    max_regressions: tuple[str, ...],
-    on_regression: str,
-    max_masked_share: float | None,
-    on_masked: str,
-    max_staleness: int | None,
-    on_stale: OnStale,
-    off_policy: bool,
-    is_cap: float | None,
-    vllm_server: str | None,
-    vllm_prefix_token_ids: bool,
-    allow_starved: tuple[str, ...],
-    dynamic_sampling: int | None,
-    checkpoint_every: int | None,
-    resume: bool,
-    report_to: tuple[str, ...],
-) -> None:
+@settings_options(RunSettings)
+def run(**values: Any) -> None:
     """Train a policy with GRPO (TRL) on the blend SPEC, on this machine, and compare validation.
 
     The policy is served from the weights being trained, so every rollout is on-policy; every
@@ -456,48 +221,16 @@ def run(
     '.[train]'` (see README "Training").
     """
     require_training_extra("gym train run")
-    check_report_to(report_to)
+    check_report_to(values["report_to"])
     from polygym.cli.compare import print_comparison
     from polygym.training.models import ModelLoadError
-    from polygym.training.run import RunSettings, train_run
+    from polygym.training.run import train_run
     from polygym.training.validation import EnvironmentFailing
 
-    check_off_policy_options(off_policy, max_staleness, is_cap, vllm_server, vllm_prefix_token_ids)
-    settings = RunSettings(
-        spec_path=spec_path,
-        output_dir=output,
-        model=model,
-        steps=steps,
-        learning_rate=learning_rate,
-        temperature=temperature,
-        max_output_tokens=max_output_tokens,
-        validation_limit=validation_limit,
-        configs=configs,
-        overrides=overrides,
-        concurrency=concurrency,
-        step_timeout_s=step_timeout,
-        threads=threads,
-        train_layers=train_layers,
-        save_model=save_model,
-        gradient_share=gradient_share,
-        validate_every=validate_every,
-        seed=seed,
-        max_regression=parse_max_regressions(max_regressions),
-        on_regression=on_regression,
-        max_masked_share=max_masked_share,
-        on_masked=on_masked,
-        max_staleness=max_staleness,
-        on_stale=on_stale,
-        off_policy=off_policy,
-        is_cap=DEFAULT_IS_CAP if is_cap is None else is_cap,
-        vllm_server=vllm_server,
-        vllm_prefix_token_ids=vllm_prefix_token_ids,
-        allow_starved=allow_starved,
-        dynamic_sampling=dynamic_sampling,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        report_to=report_to,
+    settings = settings_from(
+        RunSettings, values, max_regression=parse_max_regressions(values["max_regression"])
     )
+    check_off_policy_options(settings, is_cap_given=given("is_cap"))
     out = console()
     try:
         result = train_run(settings, echo=lambda line: out.print(escape(line)))
@@ -508,9 +241,8 @@ def run(
     if result.comparison is not None:
         print_comparison(result.comparison)
     timings = ", ".join(f"{k} {v:.0f}s" for k, v in result.timings.items())
-    out.print(
-        f"done in {result.timings.get('total_s', 0):.0f}s ({escape(timings)}); files in {escape(str(output))}"
-    )
+    total = result.timings.get("total_s", 0)
+    out.print(f"done in {total:.0f}s ({escape(timings)}); files in {escape(str(settings.output_dir))}")
 
 
 # ---------------------------------------------------------------------- gym train compare-mixes
@@ -527,32 +259,18 @@ def run(
     help="A mix to train: its name (a folder of --output) and the environments of SPEC it trains; every "
     "other environment of SPEC is validated, not trained (repeatable, at least two).",
 )
-@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True, help="Steps per arm.")
-@click.option(
-    "--validate-every",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Validate every environment every N steps too (besides step 0 and the end).",
+@settings_options(
+    RunSettings,
+    ("steps", "validate_every", "seed"),
+    changes={
+        "steps": {"default": 20, "help": "Steps per arm."},
+        "validate_every": {
+            "help": "Validate every environment every N steps too (besides step 0 and the end)."
+        },
+        "seed": {"help": "Trainer seed of every arm (default: the spec's seed)."},
+    },
 )
-@click.option("--seed", type=int, default=None, help="Trainer seed of every arm (default: the spec's seed).")
-def compare_mixes_command(
-    spec_path: Path,
-    overrides: tuple[str, ...],
-    arms: tuple[str, ...],
-    output: Path,
-    model: str,
-    steps: int,
-    learning_rate: float,
-    temperature: float,
-    max_output_tokens: int | None,
-    validation_limit: int | None,
-    validate_every: int | None,
-    seed: int | None,
-    configs: tuple[str, ...],
-    concurrency: int,
-    threads: int | None,
-    train_layers: int | None,
-) -> None:
+def compare_mixes_command(arms: tuple[str, ...], **values: Any) -> None:
     """Train each --arm (a subset of SPEC's environments) from the same initial weights, with the
     same seed and steps, validating every environment of SPEC in every arm: does training on one
     environment hurt the others, and does the mix help?
@@ -565,38 +283,21 @@ def compare_mixes_command(
     require_training_extra("gym train compare-mixes")
     from polygym.training.compare_mixes import CompareSettings, compare_mixes, parse_arm
     from polygym.training.models import ModelLoadError
-    from polygym.training.run import RunSettings
     from polygym.training.validation import EnvironmentFailing
 
     try:
         parsed = tuple(parse_arm(text) for text in arms)
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE)
-    run_settings = RunSettings(
-        spec_path=spec_path,
-        output_dir=output,
-        model=model,
-        steps=steps,
-        learning_rate=learning_rate,
-        temperature=temperature,
-        max_output_tokens=max_output_tokens,
-        validation_limit=validation_limit,
-        configs=configs,
-        overrides=overrides,
-        concurrency=concurrency,
-        threads=threads,
-        train_layers=train_layers,
-        validate_every=validate_every,
-        seed=seed,
-    )
+    run_settings = settings_from(RunSettings, values)
     out = console()
     try:
         compare_mixes(
-            CompareSettings(spec_path, output, parsed, run_settings),
+            CompareSettings(run_settings.spec_path, run_settings.output_dir, parsed, run_settings),
             echo=lambda line: out.print(escape(line)),
         )
     except (BlendSpecError, DatasetError, ConfigError, ModelLoadError, ValueError) as exc:
         fail(str(exc), EXIT_USAGE)
     except (LaunchError, ServerCallError, EnvironmentFailing) as exc:
         fail(str(exc), EXIT_FAILURE)
-    out.print((output / "table.md").read_text())
+    out.print((run_settings.output_dir / "table.md").read_text())

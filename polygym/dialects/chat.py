@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import orjson
 
-from polygym.protocol import TRAINING_TOKEN_FIELDS, function_call_item, message_item, new_id, new_response
+from polygym.protocol import function_call_item, message_item, new_id, new_response
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant")
 
@@ -329,75 +329,6 @@ def _arguments(raw: Any) -> str:
     if raw is None or raw == "":
         return "{}"
     return raw if isinstance(raw, str) else orjson.dumps(raw).decode()
-
-
-LOGPROB_SEMANTICS_FIELD = "generation_logprob_semantics"
-"""How the call's ``generation_log_probs`` were taken: ``source`` (hf_generate, vllm, llama_cpp,
-scripted), ``temperature`` and ``processed`` (``raw``: log-softmax of the model's logits;
-``sampling_distribution``: after temperature/top-p/top-k, the distribution actually sampled)."""
-
-POLICY_VERSION_FIELD = "generation_policy_version"
-"""The policy version (optimizer updates applied to the weights) that generated the call, when the
-upstream states it (``policy_version`` on its completion; ``polygym.training.policy_version``)."""
-
-PROMPT_CONTINUATION_FIELD = "prompt_continuation"
-"""Whether the call's prompt extended the previous call's exact token ids (``{"exact": true}``) or
-was rendered anew from the history's text (``{"exact": false, "reason": ...}``); absent on a first
-turn (``polygym.training.continuation``)."""
-
-_CALL_TOKEN_FIELDS = (
-    *TRAINING_TOKEN_FIELDS,
-    LOGPROB_SEMANTICS_FIELD,
-    PROMPT_CONTINUATION_FIELD,
-    POLICY_VERSION_FIELD,
-)
-
-
-def strip_token_fields(items: Any) -> Any:
-    """``items`` without the training token fields agents send back on earlier model output.
-
-    Works on Responses input items and Chat messages alike; items without such fields are reused,
-    not copied. A string input is returned as is.
-    """
-    if not isinstance(items, list):
-        return items
-    stripped = []
-    for item in items:
-        if isinstance(item, dict) and any(key in item for key in _CALL_TOKEN_FIELDS):
-            item = {k: v for k, v in item.items() if k not in _CALL_TOKEN_FIELDS}
-        stripped.append(item)
-    return stripped
-
-
-def logprob_semantics(source: str, temperature: float | None, processed: str, **extra: Any) -> dict[str, Any]:
-    """The ``LOGPROB_SEMANTICS_FIELD`` value; a trainer must compare log-probs only under equal ones."""
-    return {"source": source, "temperature": temperature, "processed": processed, **extra}
-
-
-def attach_token_fields(
-    output: list[dict[str, Any]],
-    prompt_token_ids: list[int],
-    generation_token_ids: list[int],
-    generation_log_probs: list[float],
-    semantics: dict[str, Any] | None = None,
-    continuation: dict[str, Any] | None = None,
-    policy_version: int | None = None,
-) -> None:
-    """Put one model call's training token fields on its last output item (DESIGN §3), with
-    ``semantics`` (``logprob_semantics``) when the server knows how its log-probs were taken,
-    ``continuation`` (``PROMPT_CONTINUATION_FIELD``) when the prompt continued earlier ids, and the
-    ``policy_version`` that generated it when the upstream stated one."""
-    if not output:
-        raise ValueError("a model call with token ids must have at least one output item")
-    output[-1]["prompt_token_ids"] = list(prompt_token_ids)
-    output[-1]["generation_token_ids"] = list(generation_token_ids)
-    output[-1]["generation_log_probs"] = list(generation_log_probs)
-    if semantics is not None:
-        output[-1][LOGPROB_SEMANTICS_FIELD] = dict(semantics)
-    if continuation is not None:
-        output[-1][PROMPT_CONTINUATION_FIELD] = dict(continuation)
-    if policy_version is not None:
-        output[-1][POLICY_VERSION_FIELD] = policy_version
 
 
 # ------------------------------------------------------------------------------------------- tools

@@ -45,10 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polygym.dialects.chat import item_type
-from polygym.protocol import TRAINING_TOKEN_FIELDS
-
-PREFIX_FIELD = "required_prefix_token_ids"
-"""Chat request field carrying the previous turn's prompt + generation ids (NeMo Gym 0.7's name)."""
+from polygym.token_fields import PREFIX_FIELD, carries_tokens, read_ids
 
 SENTINEL = "\u2063polygym-probe\u2063"
 """User content marking where the template starts the turn after the generated one: text no one writes."""
@@ -84,20 +81,18 @@ def parent_ids(items: Sequence[Any]) -> tuple[list[int] | None, str | None]:
     the history holds model output that cannot be continued; ``(None, None)`` on a first turn."""
     carrier = None
     for index, item in enumerate(items):
-        if isinstance(item, dict) and TRAINING_TOKEN_FIELDS[1] in item:
+        if carries_tokens(item):
             carrier = index
     model_output = [i for i, item in enumerate(items) if isinstance(item, dict) and _is_model_item(item)]
     if carrier is None:
         return None, ("the history's model output carries no token ids" if model_output else None)
     if model_output and model_output[-1] > carrier:
         return None, "assistant items follow the last generated turn"
-    item = items[carrier]
     try:
-        ids = [int(t) for t in item.get(TRAINING_TOKEN_FIELDS[0]) or []]
-        ids += [int(t) for t in item.get(TRAINING_TOKEN_FIELDS[1]) or []]
+        prompt, generation = read_ids(items[carrier])
     except (TypeError, ValueError):
         return None, "the history's token ids are not integers"
-    return ids, None
+    return prompt + generation, None
 
 
 def check_prefix(value: Any, vocab_size: int, max_tokens: int) -> list[int]:

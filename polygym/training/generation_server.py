@@ -54,12 +54,11 @@ import orjson
 import torch
 from jinja2 import TemplateError
 
-from polygym.dialects.chat import PROMPT_CONTINUATION_FIELD, logprob_semantics
 from polygym.net.listen import AppServer, bind_socket
 from polygym.servers.base import HTTPError, ServerConfig
 from polygym.servers.model import ModelServer
+from polygym.token_fields import PREFIX_FIELD, PROMPT_CONTINUATION_FIELD, logprob_semantics
 from polygym.training.continuation import (
-    PREFIX_FIELD,
     Continuation,
     NoCleanSuffix,
     check_prefix,

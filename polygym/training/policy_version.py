@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from polygym.dialects.chat import POLICY_VERSION_FIELD
+from polygym.token_fields import POLICY_VERSION_FIELD
 from polygym.training.tokens import TokenRollout
 
 OnStale = Literal["refuse", "report"]

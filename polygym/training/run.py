@@ -47,7 +47,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,8 @@ from polygym.training.checkpoint import (
 )
 from polygym.training.collector import TokenCollector, TokenStep
 from polygym.training.env_metrics import validation_metrics
-from polygym.training.off_policy import DEFAULT_IS_CAP, OffPolicy
-from polygym.training.policy_version import OnStale, StalenessBound
+from polygym.training.off_policy import OffPolicy
+from polygym.training.policy_version import StalenessBound
 from polygym.training.run_report import (
     dynamic_totals,
     final_comparison,
@@ -85,7 +85,7 @@ from polygym.training.run_report import (
     step_line,
     token_shares,
 )
-from polygym.training.trl_adapter import GradientShare
+from polygym.training.run_settings import RunSettings
 from polygym.training.validation import (
     line_mean,
     mean_rewards,
@@ -98,78 +98,6 @@ from polygym.training.validation import (
 )
 
 POLICY_NAME = "policy"
-
-
-@dataclass
-class RunSettings:
-    spec_path: Path
-    output_dir: Path
-    model: str = "smollm2-135m"
-    steps: int = 24
-    learning_rate: float = 1e-4
-    temperature: float = 1.0
-    max_output_tokens: int | None = None
-    """Per request; None leaves each row's own ``max_output_tokens`` (else 256)."""
-    validation_limit: int | None = None
-    """Validation rows per environment (None: all)."""
-    configs: tuple[str, ...] = ()
-    overrides: tuple[str, ...] = ()
-    concurrency: int = 64
-    step_timeout_s: float | None = None
-    threads: int | None = None
-    train_layers: int | None = None
-    """Train only the top N transformer blocks (None: every parameter)."""
-    save_model: bool = False
-    validate_every: int | None = None
-    """Also validate every N optimizer steps (on top of before and after), into ``validation.jsonl``."""
-    seed: int | None = None
-    """The trainer's seed (TRL/torch: initialization, sampling of the served policy); None: the
-    blend spec's seed. The blend's seed alone decides which prompts each step holds."""
-    max_regression: dict[str, float] = field(default_factory=dict)
-    """Environment -> the largest drop of its mean validation reward vs step 0 tolerated (the rule:
-    ``regression``)."""
-    on_regression: str = "warn"
-    """"warn": report a larger drop; "stop": also end training after the current step."""
-    max_masked_share: float | None = None
-    """Alarm when a step masks more than this share of an environment's rollouts."""
-    on_masked: str = "warn"
-    """"warn": report it; "stop": also end training after the current step."""
-    gradient_share: GradientShare = "tokens"
-    """"tokens": each trained token weighs 1 (an environment's gradient share follows its token
-    count); "plan": each environment's gradient share is its planned share (``trl_adapter``)."""
-    max_staleness: int | None = None
-    """The most steps a trained rollout may lag the policy (``policy_version``); None: no bound
-    (with ``off_policy``: 1)."""
-    on_stale: OnStale = "refuse"
-    """"refuse": mask rollouts over ``max_staleness`` (reward still reported); "report": train on them."""
-    off_policy: bool = False
-    """Collect step N+1 while step N trains, corrected by truncated importance sampling (``off_policy``)."""
-    is_cap: float = DEFAULT_IS_CAP
-    """Truncation of the off-policy importance ratio."""
-    vllm_server: str | None = None
-    """A vLLM server (``http://host:8000``) serving the policy, fed the trainer's weights by TRL's
-    server mode (``use_vllm=True``); None: the in-process generation server."""
-    vllm_prefix_token_ids: bool = False
-    """``vllm_server`` implements ``required_prefix_token_ids`` (NeMo RL's vLLM server; stock
-    ``vllm serve`` does not): multi-turn prompts then extend the exact ids (``policy_serving``)."""
-    allow_starved: tuple[str, ...] = ()
-    """Environments the run may starve (0 prompts in every step): any other starved one is refused."""
-    dynamic_sampling: int | None = None
-    """Extra prompts each environment may draw per step to replace groups without reward variance
-    (``blend.dynamic_sampling``); None: off."""
-    checkpoint_every: int | None = None
-    """Save a checkpoint every N optimizer steps (``checkpoint``); None: never."""
-    resume: bool = False
-    """Continue the run in ``output_dir`` from its last checkpoint, exactly (``checkpoint``)."""
-    report_to: tuple[str, ...] = ()
-    """``report_to`` integrations of transformers (tensorboard, wandb...) for every log record."""
-    trainer_overrides: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["spec_path"] = str(self.spec_path)
-        data["output_dir"] = str(self.output_dir)
-        return data
 
 
 @dataclass

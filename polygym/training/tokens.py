@@ -1,10 +1,10 @@
 """Token-level rollouts: what an RL trainer needs from one episode, read off its output items.
 
-A model server with token capture on puts three fields on the **last output item of every model
-call** (DESIGN §3): ``prompt_token_ids`` (the whole context the model saw for that call),
-``generation_token_ids`` (what it generated) and ``generation_log_probs`` (the sampling log-prob
-of each generated token). An episode of ``n`` model calls therefore carries ``n`` such triples, in
-order, among its ``response.output`` items.
+A model server with token capture on puts three fields (``polygym.token_fields``) on the **last
+output item of every model call** (DESIGN §3): ``prompt_token_ids`` (the whole context the model
+saw for that call), ``generation_token_ids`` (what it generated) and ``generation_log_probs``
+(the sampling log-prob of each generated token). An episode of ``n`` model calls therefore carries
+``n`` such triples, in order, among its ``response.output`` items.
 
 ``assemble`` turns them into one training sequence::
 
@@ -43,8 +43,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from polygym.dialects.chat import LOGPROB_SEMANTICS_FIELD, PROMPT_CONTINUATION_FIELD
 from polygym.row import ENV_FIELD, ROLLOUT_INDEX, STEP_FIELD, TASK_INDEX, reward
+from polygym.token_fields import (
+    LOGPROB_SEMANTICS_FIELD,
+    PROMPT_CONTINUATION_FIELD,
+    carries_tokens,
+    read_ids,
+    read_log_probs,
+    read_stamp,
+)
 
 _NOT_COMPONENTS = frozenset({"reward", "responses_create_params", "response", "agent_ref"})
 
@@ -131,20 +138,17 @@ def model_calls(output: Iterable[Any]) -> list[ModelCall]:
     """The token fields of every model call in ``output``, in order (items without them skipped)."""
     calls = []
     for index, item in enumerate(output):
-        if not isinstance(item, dict) or "generation_token_ids" not in item:
+        if not carries_tokens(item):
             continue
+        prompt_ids, generation_ids = read_ids(item)
         calls.append(
             ModelCall(
-                prompt_ids=[int(t) for t in item.get("prompt_token_ids") or []],
-                generation_ids=[int(t) for t in item.get("generation_token_ids") or []],
-                log_probs=[float(x) for x in item.get("generation_log_probs") or []],
+                prompt_ids=prompt_ids,
+                generation_ids=generation_ids,
+                log_probs=read_log_probs(item),
                 item_index=index,
-                semantics=semantics
-                if isinstance(semantics := item.get(LOGPROB_SEMANTICS_FIELD), dict)
-                else None,
-                continuation=stamp
-                if isinstance(stamp := item.get(PROMPT_CONTINUATION_FIELD), dict)
-                else None,
+                semantics=read_stamp(item, LOGPROB_SEMANTICS_FIELD),
+                continuation=read_stamp(item, PROMPT_CONTINUATION_FIELD),
             )
         )
     return calls

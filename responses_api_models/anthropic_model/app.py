@@ -29,7 +29,15 @@ from pydantic import Field
 from starlette.responses import Response
 
 from polygym import HTTPError, ModelServer, ServerCallError, UpstreamConfig
-from polygym.models import TRANSIENT_STATUSES, Probe, failure, redact_text, relay, upstream_failure
+from polygym.models import (
+    TRANSIENT_STATUSES,
+    Probe,
+    failure,
+    redact_text,
+    relay,
+    strip_token_fields,
+    upstream_failure,
+)
 from polygym.models import chat as chat_convert
 from polygym.models import messages as messages_convert
 
@@ -92,7 +100,7 @@ class AnthropicModel(ModelServer[Config]):
         if not (isinstance(raw, str) or (isinstance(raw, list) and all(isinstance(i, dict) for i in raw))):
             raise HTTPError(400, "input must be a string or a list of item objects", "invalid_request")
         request = messages_convert.responses_request_to_messages(
-            {**body, "input": chat_convert.strip_token_fields(raw)}, max_tokens=self.config.max_tokens
+            {**body, "input": strip_token_fields(raw)}, max_tokens=self.config.max_tokens
         )
         request["model"] = self.config.anthropic_model
         try:

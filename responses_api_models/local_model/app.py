@@ -45,7 +45,6 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from polygym import (
-    TRAINING_TOKEN_FIELDS,
     HTTPError,
     ModelServer,
     ServerConfig,
@@ -61,10 +60,12 @@ from polygym.models import (
     Continuation,
     NoCleanSuffix,
     WeightsError,
+    attach_token_fields,
     check_prefix,
     ensure_weights,
     item_type,
     join,
+    logprob_semantics,
     parent_ids,
     probe_messages,
     suffix_text,
@@ -387,7 +388,7 @@ class LocalModel(ModelServer[Config]):
         if want_logprobs:
             choice["logprobs"] = {"content": _logprob_entries(turn.generation, top)}
         if want_tokens:
-            choice["message"].update(_training_fields(turn, self._temperature(params)))
+            _attach_training_fields([choice["message"]], turn, self._temperature(params))
         cached = turn.generation.cached_tokens
         completion["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
         return completion
@@ -551,7 +552,7 @@ class LocalModel(ModelServer[Config]):
         for call in turn.parsed.calls:
             output.append(function_call_item(call.name, json.dumps(call.arguments, ensure_ascii=False)))
         if want_tokens:
-            output[-1].update(_training_fields(turn, self._temperature(body)))
+            _attach_training_fields(output, turn, self._temperature(body))
         extra: dict[str, Any] = {"error": None, "incomplete_details": None}
         status = "completed"
         if generation.finish_reason == "length" and not turn.parsed.calls:
@@ -600,19 +601,18 @@ def _fresh_calls(calls: list[ParsedCall], seen: set[str]) -> list[ParsedCall]:
     return fresh
 
 
-def _training_fields(turn: Turn, temperature: float | None) -> dict[str, Any]:
-    """The training token fields, stamped with llama.cpp's log-prob semantics: without
-    ``post_sampling_probs`` its probabilities are the model's raw distribution."""
+def _attach_training_fields(output: list[dict[str, Any]], turn: Turn, temperature: float | None) -> None:
+    """The training token fields on ``output``'s last item, stamped with llama.cpp's log-prob
+    semantics: without ``post_sampling_probs`` its probabilities are the model's raw distribution."""
     generation = turn.generation
-    values = (list(turn.prompt_ids), list(generation.token_ids), list(generation.log_probs))
-    semantics = chat_convert.logprob_semantics("llama_cpp", temperature, "raw")
-    fields = {
-        **dict(zip(TRAINING_TOKEN_FIELDS, values, strict=True)),
-        chat_convert.LOGPROB_SEMANTICS_FIELD: semantics,
-    }
-    if turn.continuation is not None:
-        fields[chat_convert.PROMPT_CONTINUATION_FIELD] = turn.continuation.stamp()
-    return fields
+    attach_token_fields(
+        output,
+        turn.prompt_ids,
+        generation.token_ids,
+        generation.log_probs,
+        logprob_semantics("llama_cpp", temperature, "raw"),
+        None if turn.continuation is None else turn.continuation.stamp(),
+    )
 
 
 def _logprob_entries(generation: Generation, top: int) -> list[dict[str, Any]]:

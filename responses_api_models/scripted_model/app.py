@@ -38,7 +38,14 @@ from polygym import (
     message_item,
     new_response,
 )
-from polygym.models import ECHOED_RESPONSE_FIELDS, example_arguments, item_type, validation_message
+from polygym.models import (
+    ECHOED_RESPONSE_FIELDS,
+    attach_token_fields,
+    example_arguments,
+    item_type,
+    logprob_semantics,
+    validation_message,
+)
 from polygym.models import chat as chat_convert
 
 DONE = "done"
@@ -488,8 +495,8 @@ class ScriptedModel(ModelServer[Config]):
         if flag if isinstance(flag, bool) else self.config.return_token_ids:
             generated = fake_token_ids([item])
             prompt = fake_token_ids(_checked_items(body), body.get("instructions"))
-            semantics = chat_convert.logprob_semantics("scripted", body.get("temperature"), "none")
-            chat_convert.attach_token_fields([item], prompt, generated, [0.0] * len(generated), semantics)
+            semantics = logprob_semantics("scripted", body.get("temperature"), "none")
+            attach_token_fields([item], prompt, generated, [0.0] * len(generated), semantics)
         echoed = {key: body.get(key, default) for key, default in ECHOED_RESPONSE_FIELDS.items()}
         return new_response(
             [item],

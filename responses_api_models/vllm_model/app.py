@@ -61,11 +61,14 @@ from polygym.models import (
     PROMPT_CONTINUATION_FIELD,
     Probe,
     Reply,
+    attach_token_fields,
     budget,
     failure,
+    logprob_semantics,
     parent_ids,
     redact_text,
     relay,
+    strip_token_fields,
     upstream_failure,
 )
 from polygym.models import chat as chat_convert
@@ -223,7 +226,7 @@ def upstream_semantics(completion: dict[str, Any], chat: dict[str, Any]) -> dict
     stated = completion.get("logprob_semantics")
     if isinstance(stated, dict):
         return stated
-    return chat_convert.logprob_semantics("vllm", chat.get("temperature"), "raw")
+    return logprob_semantics("vllm", chat.get("temperature"), "raw")
 
 
 def upstream_policy_version(completion: dict[str, Any]) -> int | None:
@@ -328,7 +331,7 @@ class VLLMModel(ModelServer[Config]):
         if not (isinstance(raw, str) or (isinstance(raw, list) and all(isinstance(i, dict) for i in raw))):
             raise HTTPError(400, "input must be a string or a list of item objects", "invalid_request")
         history = input_items(body)
-        items = chat_convert.strip_token_fields(history)
+        items = strip_token_fields(history)
         flag = body.get("return_token_ids")
         want_tokens = flag if isinstance(flag, bool) else self.config.return_token_ids
         chat = chat_convert.responses_request_to_chat(
@@ -365,7 +368,7 @@ class VLLMModel(ModelServer[Config]):
         if want_tokens:
             try:
                 fields = token_fields(completion)
-                chat_convert.attach_token_fields(
+                attach_token_fields(
                     response["output"],
                     *fields,
                     upstream_semantics(completion, chat),
@@ -424,7 +427,7 @@ class VLLMModel(ModelServer[Config]):
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise HTTPError(400, "messages must be a list of message objects", "invalid_request")
-        messages = chat_convert.strip_token_fields(messages)
+        messages = strip_token_fields(messages)
         payload = {**self.config.extra_body, **body, "messages": messages, "model": self.config.model}
         if self.config.return_token_ids and body.get("return_token_ids") is not False:
             _ask_for_tokens(payload)

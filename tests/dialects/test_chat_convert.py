@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from polygym.dialects import chat as cc
-from polygym.protocol import TRAINING_TOKEN_FIELDS
+from polygym.token_fields import TRAINING_TOKEN_FIELDS, attach_token_fields, strip_token_fields
 
 INPUT = [
     {"role": "developer", "content": "Be terse."},
@@ -385,7 +385,7 @@ def test_token_fields_stripped_from_history_and_attached_to_last_item() -> None:
     output = cc.chat_completion_to_response(
         chat_reply({"content": "<think>t</think>a", "tool_calls": [CALL]}, "tool_calls")
     )["output"]
-    cc.attach_token_fields(output, [1, 2], [3, 4], [-0.1, -0.2])
+    attach_token_fields(output, [1, 2], [3, 4], [-0.1, -0.2])
     assert [sorted(set(TRAINING_TOKEN_FIELDS) & set(item)) for item in output] == [
         [],
         [],
@@ -393,13 +393,13 @@ def test_token_fields_stripped_from_history_and_attached_to_last_item() -> None:
     ]
     assert output[-1]["generation_log_probs"] == [-0.1, -0.2]
     history = [{"role": "user", "content": "q"}, *output]
-    stripped = cc.strip_token_fields(history)
+    stripped = strip_token_fields(history)
     assert not any(key in item for item in stripped for key in TRAINING_TOKEN_FIELDS)
     assert stripped[0] is history[0]  # untouched items are not copied
     assert TRAINING_TOKEN_FIELDS[0] in output[-1]  # the caller's items are not modified
-    assert cc.strip_token_fields("plain input") == "plain input"
+    assert strip_token_fields("plain input") == "plain input"
     with pytest.raises(ValueError):
-        cc.attach_token_fields([], [1], [2], [0.0])
+        attach_token_fields([], [1], [2], [0.0])
 
 
 # -------------------------------------------------------------------------- request fields

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from polygym.blend.spec import parse_spec
-from polygym.dialects.chat import POLICY_VERSION_FIELD
 from polygym.jsonl import iter_jsonl
+from polygym.token_fields import POLICY_VERSION_FIELD
 from polygym.training.policy_version import (
     PolicyVersion,
     StalenessBound,

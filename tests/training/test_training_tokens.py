@@ -16,11 +16,11 @@ import pytest
 from polygym.blend.mix import load_blend
 from polygym.blend.spec import BlendSpec, parse_spec
 from polygym.blend.stepwise import StepFiles
-from polygym.dialects.chat import LOGPROB_SEMANTICS_FIELD
 from polygym.jsonl import iter_jsonl
 from polygym.row import ALL_ENVS, ENV_FIELD, ROLLOUT_INDEX, TASK_INDEX
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
+from polygym.token_fields import LOGPROB_SEMANTICS_FIELD
 from polygym.training.advantages import group_advantages, zero_variance_groups
 from polygym.training.collector import (
     MixedLogprobSemanticsError,
@@ -373,7 +373,7 @@ def test_vllm_upstream_semantics_default_to_vllm_raw_log_probs() -> None:
 
 
 def test_log_prob_semantics_are_stripped_with_the_token_fields_before_an_upstream_sees_them() -> None:
-    from polygym.dialects.chat import attach_token_fields, strip_token_fields
+    from polygym.token_fields import attach_token_fields, strip_token_fields
 
     output = [{"type": "message", "role": "assistant", "content": []}]
     attach_token_fields(output, [1], [2], [-0.5], {"source": "vllm", "temperature": 1.0, "processed": "raw"})
