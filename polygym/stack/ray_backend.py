@@ -465,6 +465,12 @@ class RayBackend:
             if replica.restarts < replica.max_restarts:
                 await self._deaths.put(ServerFailure(replica.name, death, down=()))
                 if await self._restart(replica):
+                    logging.getLogger("polygym.stack.ray").warning(
+                        "%s serves again (restart %d of %d)",
+                        replica.label,
+                        replica.restarts,
+                        replica.max_restarts,
+                    )
                     continue
                 death = f"{replica.label} did not serve again within {START_TIMEOUT_S:g}s of its restart"
             await self._deaths.put(ServerFailure(replica.name, death, self._down_without(replica)))
@@ -494,11 +500,17 @@ class RayBackend:
         entry = replica.entries[0] if replica.entries else {}
         node = f"{entry.get('node_ip', '?')} ({str(entry.get('node_id', '?'))[:12]})"
         where = f"node {node}, pid {entry.get('pid', '?')}"
-        left = replica.max_restarts - replica.restarts
-        return (
-            f"{replica.label} on {where} died ({left} of {replica.max_restarts} restarts left).\n"
-            f"{self.log_tail(replica)}"
-        )
+        return f"{replica.label} on {where} died; {self._fate(replica)}.\n{self.log_tail(replica)}"
+
+    @staticmethod
+    def _fate(replica: Replica) -> str:
+        """What happens to a replica that just died, said as it is: Ray restarts it (which one of
+        how many), or it stays down and why."""
+        if replica.restarts < replica.max_restarts:
+            return f"Ray restarts it (restart {replica.restarts + 1} of {replica.max_restarts})"
+        if replica.max_restarts == 0:
+            return "it is not restarted (max_restarts: 0)"
+        return f"it is not restarted (all {replica.max_restarts} restarts used)"
 
     @staticmethod
     def log_tail(replica: Replica) -> str:
