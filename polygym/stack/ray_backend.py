@@ -39,7 +39,9 @@ import contextlib
 import ipaddress
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -184,9 +186,31 @@ def _tls_on() -> bool:
     return os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
 
 
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """Keep this process's SIGTERM handling across ``ray.init``.
+
+    ``ray.init`` replaces it with a handler that raises ``SystemExit`` wherever the loop is, and
+    Ray's native logging adds one that prints a stack dump ("*** SIGTERM received ***"): ``gym env
+    stop`` then printed Ray's traceback and the launcher could end ``Aborted`` (134) instead of
+    stopping its stack and printing one line. Setting the saved handler again (Python's own, which
+    the event loop's signal handling rides on) removes both.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            signal.signal(signal.SIGTERM, saved)
+
+
 def connect_cluster(address: str | None) -> bool:
     """Join the cluster at ``address``, or start a local one when None; True when started here."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_sigterm_kept())
         if is_loopback(address):
             stack.enter_context(_loopback_kept())
         if address:

@@ -9,11 +9,15 @@ replica that refused over), and the death says whether Ray restarts it.
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import gone, gym_command, wait_until
+from tests.e2e.test_stack_e2e import SELECTORS
 from tests.stack.test_workers import kill_mid_run_then_resume
 
 ray = pytest.importorskip("ray")
@@ -69,3 +73,21 @@ def test_a_death_says_whether_ray_restarts_the_copy(max_restarts: int, restarts:
     copy.restarts = restarts
     said = RayBackend().describe_death(copy)
     assert said.startswith(f"copy 1 of the stack (serving math) on node ? (?), pid ? {fate}\n"), said
+
+
+def test_stopping_a_ray_stack_prints_one_line_and_exits_0(start_stack: Any) -> None:
+    """``ray.init`` took over SIGTERM: ``gym env stop`` printed Ray's stack dump and traceback,
+    and the launcher could end ``Aborted`` (134)."""
+    stack = start_stack(*SELECTORS, "--backend", "ray", "--workers", "2")
+    pids = stack.child_pids()
+    stop = subprocess.run(
+        gym_command("env", "stop", "--stack", stack.record["stack_id"]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert stop.returncode == 0, stop.stderr
+    assert stack.wait() == 0, stack.output()
+    after_ready = stack.output().split("Press Ctrl-C to stop.", 1)[1]
+    assert re.fullmatch(r"\s*stopped \d+ servers in \d+\.\d\ds\s*", after_ready), after_ready
+    assert wait_until(lambda: all(gone(pid) for pid in pids), 30.0)
