@@ -55,6 +55,35 @@ def test_a_copy_killed_mid_run_loses_nothing_and_resume_finishes_exactly(
     assert "no rollout was lost" in said and "quarantined" not in said, said
 
 
+def test_a_node_killed_mid_run_loses_nothing_and_resume_finishes_exactly(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """SIGKILL of the raylet of the worker node holding a copy (what killing Ray's dashboard agent
+    does to its node: the raylet exits with it): the copy on the other node serves every rollout,
+    and Ray restarts the lost copy there."""
+    raylets = {node.node_id: node.all_processes["raylet"][0].process.pid for node in cluster.worker_nodes}
+
+    def raylet_under_a_copy(record: dict[str, Any]) -> int:
+        return next(raylets[s["node_id"]] for s in record["servers"] if s["node_id"] in raylets)
+
+    try:
+        failures, said = kill_mid_run_then_resume(
+            ["--backend", "ray", "--ray-address", cluster.address, "--workers", "2"],
+            raylet_under_a_copy,
+            "of the stack (serving policy_model,",
+            tmp_path,
+            latency_ms=200,  # a node's death is seen in seconds, not milliseconds
+        )
+    finally:
+        for node in list(cluster.worker_nodes):
+            if node.node_id in raylets:
+                cluster.remove_node(node, allow_graceful=False)
+        cluster.add_node(**LOOPBACK_NODE)
+        cluster.wait_for_nodes()
+    assert failures == [], failures
+    assert "died; Ray restarts it (restart 1 of 3)" in said and "no rollout was lost" in said, said
+
+
 def spec() -> ServerSpec:
     return ServerSpec("math", "resources_servers", "math", {}, "test", Path("."))
 
