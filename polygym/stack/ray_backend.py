@@ -14,11 +14,13 @@ that can hold them in turn (``stack.ray_spread``), so one node's loss takes only
 environment with it; the replicas of a server with ``num_gpus`` run in a placement group
 (``stack.ray_gpu_groups``). A server no node could hold is refused at once, by name.
 
-A replica that dies is named (server, replica, node, the tail of its log), taken out of the
-registry at once (so no new call goes to it), and restarted by Ray up to ``max_restarts`` times;
-the launcher then starts the server in the restarted actor and registers its new address. The
-rollouts that were on the dead replica fail with the transport's class (``ConnectionReset``,
-``ConnectionRefused``) and are recorded; ``--resume`` runs them again. Every death is reported
+A replica that dies is named (server, replica, node, the tail of its log, and whether Ray restarts
+it), taken out of the registry once Ray reports the death (about a second; until then callers pass
+it over when it refuses them, ``net.replicas``), and restarted by Ray up to ``max_restarts``
+times; the launcher then starts the server in the restarted actor and registers its new address.
+A rollout cut on the dead replica is sent again to another by the collector's retries; one that
+still fails is recorded with the transport's class (``ConnectionReset``, ``ConnectionRefused``)
+and ``--resume`` runs it again. Every death is reported
 through ``wait_death`` (``gym eval run`` names it, and exits 1 when rollouts were lost); one that
 leaves a server with no replica (past its restarts, no other replica serving) also through
 ``wait_failure``, like a dead process of the subprocess backend.
