@@ -314,17 +314,11 @@ class ServerClient:
         """
         body = b"" if payload is None else orjson.dumps(payload)
         target = f"{name} {path}"
-
-        def forget() -> None:
-            self._addresses.pop(name, None)  # it may come back on another port
-            self._replicas.forget(name)
-
         reply = await self._with_retries(
             target,
             lambda left: self._send(name, method, path, body, cookies, left),
             retry,
             timeout_s or self.timeout_s,
-            on_refused=forget,
         )
         reply.source = target
         if not 200 <= reply.status < 300:
@@ -337,7 +331,6 @@ class ServerClient:
         send: Callable[[budget.CallBudget], Awaitable[Reply]],
         retry: RetryPolicy,
         timeout_s: float,
-        on_refused: Callable[[], object] | None = None,
     ) -> Reply:
         """The one retry loop: ``send`` again after a failed connection or a transient status, with
         the policy's backoff (or the callee's ``Retry-After``), within the chain's budget; returns
@@ -365,8 +358,6 @@ class ServerClient:
             except ResponseTooLarge as exc:
                 raise ServerCallError(target, str(exc), None, failure.RESPONSE_TOO_LARGE) from None
             except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
-                if on_refused is not None:
-                    on_refused()
                 error = ServerCallError(target, f"connection failed: {exc}", None, failure.CONNECTION_REFUSED)
                 if attempt == attempts or not await budget.pause(retry.delay(attempt), deadline):
                     raise error from exc
@@ -406,11 +397,17 @@ class ServerClient:
             if isinstance(served, Handoff):
                 return Reply(200, headers=JSON_HEADERS, handoff=served)
             return Reply(served[0], served[2], _cookies_from_headers(served[1]), _header_dict(served[1]))
-        await self.resolve(name)
+        await self.resolve(name, refresh=self._replicas.look_again(name))
         url = self._replicas.pick(name, cookies)
         headers = {k.decode(): v.decode() for k, v in _json_headers(cookies)}
         with self._replicas.outstanding(url):
-            reply = await self._http(method, url + path, body, {**headers, **left.headers()}, timeout_s)
+            try:
+                reply = await self._http(method, url + path, body, {**headers, **left.headers()}, timeout_s)
+            except (aiohttp.ClientConnectorError, ConnectionRefusedError):
+                # Dead, or back at another address: the next attempt tries another replica, and
+                # asks the head again (``Replicas.look_again``).
+                self._replicas.refused(url)
+                raise
         self._replicas.remember(url, reply.cookies)
         return reply
 

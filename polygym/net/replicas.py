@@ -11,18 +11,33 @@ one name. Two rules pick the replica a call goes to:
   ``/seed_session``): the replica with the fewest calls in flight from this client, the first
   among equals. Unlike round robin it steers around a replica that answers slowly.
 
+A replica that refused a connection is **passed over** while another one is left: a replica that
+died stays in the head's registry until its backend learns of the death (about a second on Ray,
+more under load), and meanwhile it refuses at once, so with no calls in flight it is exactly the
+one "least outstanding" picks. Unmarked, every call (and every retry of it) went there and failed:
+one dead copy of a two-copy stack failed 144 rollouts in two seconds while the other copy served.
+A mark holds while the head still lists the replica and until it answers, at most
+``REFUSED_HOLD_S`` (a replica that refused once under load gets calls again after that); while
+one is held, the head is asked again at most every ``LOOKUP_AGAIN_S`` (at once when every
+replica refused), so a replica restarted at a new address is learnt and used.
+
 Affinities are bounded (``MAX_AFFINITIES``, oldest forgotten first): a rollout that never ends its
-session must not grow the client without limit.
+session must not grow the client without limit; refusal marks are bounded by the replicas listed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 
 MAX_AFFINITIES = 200_000
 """Cookie values remembered at most; far above the rollouts in flight of any collector."""
+REFUSED_HOLD_S = 30.0
+"""How long a replica that refused a connection is passed over while the head still lists it."""
+LOOKUP_AGAIN_S = 1.0
+"""How often, at most, the head is asked again about a server while one of its replicas is passed over."""
 
 
 class Replicas:
@@ -33,13 +48,40 @@ class Replicas:
         self._in_flight: dict[str, int] = {}
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self._max_affinities = max_affinities
+        self._refused: dict[str, float] = {}
+        """URL -> when it refused a connection (``time.monotonic``); only URLs still listed."""
+        self._listed_at: dict[str, float] = {}
+        """Server name -> when its URLs were last set (from the head, or by hand)."""
 
     def set(self, name: str, urls: list[str]) -> None:
+        """``name``'s replicas; the marks of URLs no longer listed are dropped."""
         self._urls[name] = list(urls)
+        self._listed_at[name] = time.monotonic()
+        if self._refused:
+            listed = {url for known in self._urls.values() for url in known}
+            self._refused = {url: when for url, when in self._refused.items() if url in listed}
 
-    def forget(self, name: str) -> None:
-        """Drop ``name``'s replicas (one refused a connection: ask the head again)."""
-        self._urls.pop(name, None)
+    def refused(self, url: str) -> None:
+        """The replica at ``url`` refused a connection: pass it over while another one is left."""
+        self._refused[url] = time.monotonic()
+
+    def look_again(self, name: str) -> bool:
+        """Whether the head should be asked about ``name`` again: every replica of it refused (it
+        may serve again at another address), or one did and the last answer is older than
+        ``LOOKUP_AGAIN_S`` (a replica restarted at a new address is learnt that way)."""
+        passed = [self._passed_over(url) for url in self._urls.get(name, ())]
+        if not any(passed):
+            return False
+        return all(passed) or time.monotonic() - self._listed_at.get(name, 0.0) > LOOKUP_AGAIN_S
+
+    def _passed_over(self, url: str) -> bool:
+        when = self._refused.get(url)
+        if when is None:
+            return False
+        if time.monotonic() - when > REFUSED_HOLD_S:
+            del self._refused[url]
+            return False
+        return True
 
     def pick(self, name: str, cookies: dict[str, str] | None) -> str:
         """The replica for one call to ``name`` (which must be known: ``ServerClient.resolve``)."""
@@ -50,7 +92,8 @@ class Replicas:
                 return url
         if len(urls) == 1:
             return urls[0]
-        return min(urls, key=lambda url: self._in_flight.get(url, 0))
+        serving = [url for url in urls if not self._passed_over(url)] or urls
+        return min(serving, key=lambda url: self._in_flight.get(url, 0))
 
     @contextlib.contextmanager
     def outstanding(self, url: str) -> Iterator[None]:
@@ -65,7 +108,10 @@ class Replicas:
         return self._in_flight.get(url, 0)
 
     def remember(self, url: str, cookies: dict[str, str]) -> None:
-        """The replica at ``url`` set ``cookies``: later calls carrying them go back to it."""
+        """The replica at ``url`` answered, setting ``cookies``: later calls carrying them go back
+        to it, and it is not passed over any more."""
+        if self._refused:
+            self._refused.pop(url, None)
         for value in cookies.values():
             self._affinity[value] = url
             self._affinity.move_to_end(value)

@@ -14,11 +14,13 @@ that can hold them in turn (``stack.ray_spread``), so one node's loss takes only
 environment with it; the replicas of a server with ``num_gpus`` run in a placement group
 (``stack.ray_gpu_groups``). A server no node could hold is refused at once, by name.
 
-A replica that dies is named (server, replica, node, the tail of its log), taken out of the
-registry at once (so no new call goes to it), and restarted by Ray up to ``max_restarts`` times;
-the launcher then starts the server in the restarted actor and registers its new address. The
-rollouts that were on the dead replica fail with the transport's class (``ConnectionReset``,
-``ConnectionRefused``) and are recorded; ``--resume`` runs them again. Every death is reported
+A replica that dies is named (server, replica, node, the tail of its log, and whether Ray restarts
+it), taken out of the registry once Ray reports the death (about a second; until then callers pass
+it over when it refuses them, ``net.replicas``), and restarted by Ray up to ``max_restarts``
+times; the launcher then starts the server in the restarted actor and registers its new address.
+A rollout cut on the dead replica is sent again to another by the collector's retries; one that
+still fails is recorded with the transport's class (``ConnectionReset``, ``ConnectionRefused``)
+and ``--resume`` runs it again. Every death is reported
 through ``wait_death`` (``gym eval run`` names it, and exits 1 when rollouts were lost); one that
 leaves a server with no replica (past its restarts, no other replica serving) also through
 ``wait_failure``, like a dead process of the subprocess backend.
@@ -39,7 +41,9 @@ import contextlib
 import ipaddress
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -184,9 +188,31 @@ def _tls_on() -> bool:
     return os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
 
 
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """Keep this process's SIGTERM handling across ``ray.init``.
+
+    ``ray.init`` replaces it with a handler that raises ``SystemExit`` wherever the loop is, and
+    Ray's native logging adds one that prints a stack dump ("*** SIGTERM received ***"): ``gym env
+    stop`` then printed Ray's traceback and the launcher could end ``Aborted`` (134) instead of
+    stopping its stack and printing one line. Setting the saved handler again (Python's own, which
+    the event loop's signal handling rides on) removes both.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            signal.signal(signal.SIGTERM, saved)
+
+
 def connect_cluster(address: str | None) -> bool:
     """Join the cluster at ``address``, or start a local one when None; True when started here."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_sigterm_kept())
         if is_loopback(address):
             stack.enter_context(_loopback_kept())
         if address:
@@ -465,6 +491,12 @@ class RayBackend:
             if replica.restarts < replica.max_restarts:
                 await self._deaths.put(ServerFailure(replica.name, death, down=()))
                 if await self._restart(replica):
+                    logging.getLogger("polygym.stack.ray").warning(
+                        "%s serves again (restart %d of %d)",
+                        replica.label,
+                        replica.restarts,
+                        replica.max_restarts,
+                    )
                     continue
                 death = f"{replica.label} did not serve again within {START_TIMEOUT_S:g}s of its restart"
             await self._deaths.put(ServerFailure(replica.name, death, self._down_without(replica)))
@@ -494,11 +526,17 @@ class RayBackend:
         entry = replica.entries[0] if replica.entries else {}
         node = f"{entry.get('node_ip', '?')} ({str(entry.get('node_id', '?'))[:12]})"
         where = f"node {node}, pid {entry.get('pid', '?')}"
-        left = replica.max_restarts - replica.restarts
-        return (
-            f"{replica.label} on {where} died ({left} of {replica.max_restarts} restarts left).\n"
-            f"{self.log_tail(replica)}"
-        )
+        return f"{replica.label} on {where} died; {self._fate(replica)}.\n{self.log_tail(replica)}"
+
+    @staticmethod
+    def _fate(replica: Replica) -> str:
+        """What happens to a replica that just died, said as it is: Ray restarts it (which one of
+        how many), or it stays down and why."""
+        if replica.restarts < replica.max_restarts:
+            return f"Ray restarts it (restart {replica.restarts + 1} of {replica.max_restarts})"
+        if replica.max_restarts == 0:
+            return "it is not restarted (max_restarts: 0)"
+        return f"it is not restarted (all {replica.max_restarts} restarts used)"
 
     @staticmethod
     def log_tail(replica: Replica) -> str:

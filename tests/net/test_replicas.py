@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from polygym.net import replicas as replicas_module
 from polygym.net.replicas import Replicas
 
 URLS = ["http://a", "http://b", "http://c"]
@@ -41,3 +44,46 @@ def test_affinities_are_bounded_oldest_first() -> None:
         replicas.remember(url, {"sid": f"s{i}"})
     assert replicas.pick("env", {"sid": "s0"}) == "http://a"  # forgotten: least outstanding
     assert replicas.pick("env", {"sid": "s2"}) == "http://c"
+
+
+def test_a_replica_that_refused_is_passed_over_while_another_is_left() -> None:
+    replicas = Replicas()
+    replicas.set("env", ["http://a", "http://b"])
+    replicas.refused("http://a")  # dead, the head still lists it: nothing in flight there
+    with replicas.outstanding("http://b"), replicas.outstanding("http://b"):
+        assert replicas.pick("env", None) == "http://b"
+    replicas.set("env", ["http://a", "http://b"])  # listed again by the head: still passed over
+    assert replicas.pick("env", None) == "http://b"
+    replicas.refused("http://b")
+    assert replicas.pick("env", None) == "http://a"  # every one refused: the call says so itself
+
+
+def test_a_refusal_mark_ends_when_the_head_drops_the_replica_or_after_its_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(replicas_module.time, "monotonic", lambda: now[0])
+    replicas = Replicas()
+    replicas.set("env", ["http://a", "http://b"])
+    replicas.refused("http://a")
+    assert not replicas.look_again("env")  # the head was just asked
+    now[0] += replicas_module.LOOKUP_AGAIN_S + 0.1
+    assert replicas.look_again("env")
+    replicas.set("env", ["http://b", "http://a2"])  # restarted at a new address
+    assert not replicas.look_again("env") and replicas.pick("env", None) == "http://b"
+    replicas.set("env", ["http://a", "http://b"])  # an address used again starts unmarked
+    assert replicas.pick("env", None) == "http://a"
+    replicas.refused("http://a")
+    now[0] += replicas_module.REFUSED_HOLD_S + 1
+    assert replicas.pick("env", None) == "http://a" and not replicas.look_again("env")
+
+
+def test_a_replica_that_answers_again_is_no_longer_passed_over() -> None:
+    replicas = Replicas()
+    replicas.set("env", ["http://a", "http://b"])
+    replicas.refused("http://a")
+    replicas.remember("http://a", {})
+    assert replicas.pick("env", None) == "http://a" and not replicas.look_again("env")
+    replicas.set("solo", ["http://s"])
+    replicas.refused("http://s")
+    assert replicas.look_again("solo")  # nothing else to pick: ask the head at once

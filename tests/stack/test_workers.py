@@ -170,15 +170,19 @@ def test_env_start_refuses_workers_with_another_backend() -> None:
     assert run.returncode == 2 and "--workers needs --backend inline" in run.stderr
 
 
-def kill_mid_run_then_resume(placement: list[str], victim_of: Any, named: str, tmp_path: Path) -> None:
+def kill_mid_run_then_resume(
+    placement: list[str], victim_of: Any, named: str, tmp_path: Path, latency_ms: int = 20
+) -> tuple[list[dict[str, Any]], str]:
     """``gym eval run`` of 200 rollouts with ``placement``; SIGKILL ``victim_of(stack record)``
     once 10 rows are saved; check the contract of a replica lost mid-run, then that ``--resume``
-    finishes exactly. ``named``: what stderr must say about the death."""
+    finishes exactly. ``named``: what stderr must say about the death; ``latency_ms``: each model
+    call's, so that the run outlasts how long the death takes to be seen. Returns the first run's
+    failures and its stderr (one line)."""
     data = tmp_path / "in.jsonl"
     write_jsonl(load_blend(spec_from_flags(ENVS)).ordered("shuffled"), data)
     out = tmp_path / "out.jsonl"
     args = [*SERVE, *placement, "--input", str(data), "--output", str(out)]
-    args += ["--num-repeats", "20", "--concurrency", "8", f"{LATENCY}=20"]
+    args += ["--num-repeats", "20", "--concurrency", "8", f"{LATENCY}={latency_ms}"]
     run = start_run(*args, cwd=tmp_path)
     try:
         assert wait_until(lambda: any(r["pid"] == run.pid for r in stacks.list_stacks()), 60)
@@ -206,6 +210,7 @@ def kill_mid_run_then_resume(placement: list[str], victim_of: Any, named: str, t
     assert resumed.returncode == 0, resumed.stderr
     done = row_keys(out)
     assert len(done) == len(set(done)) == 200
+    return failures, said
 
 
 def test_a_worker_killed_mid_run_is_named_and_resume_finishes_exactly(tmp_path: Path) -> None:
