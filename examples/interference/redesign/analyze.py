@@ -26,8 +26,8 @@ from typing import Any
 if not __package__:  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from polygym.collect.regression import task_rewards
 from polygym.collect.statistics import Estimate, paired_bootstrap
-from polygym.training.regression import task_rewards
 
 ENVS = {
     "reasoning_gym_simple_agent": "A",
