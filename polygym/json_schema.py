@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote
@@ -134,15 +133,16 @@ def validation_errors(value: Any, schema: Any) -> list[str]:
     return _errors(validator, value)
 
 
-_PLAIN_TYPES: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: type(v) is str,
-    "integer": lambda v: type(v) is int,
-    "number": lambda v: type(v) is int or type(v) is float,
-    "boolean": lambda v: type(v) is bool,
-    "null": lambda v: v is None,
-    "object": lambda v: type(v) is dict,
-    "array": lambda v: type(v) is list,
+_PLAIN_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "object": (dict,),
+    "array": (list,),
 }
+"""Python types (compared exactly: ``bool`` is no ``int`` here) that each JSON type surely holds."""
 _PLAIN_KEYWORDS = frozenset(
     {"type", "properties", "required", "additionalProperties", "items", "enum", "$schema"}
 ) | frozenset({"title", "description", "default", "examples", "$comment"})
@@ -167,9 +167,9 @@ def plainly_fits(value: Any, schema: Any, depth: int = 0) -> bool:
     types = schema.get("type")
     if types is not None:
         names = [types] if isinstance(types, str) else types
+        kind = type(value)
         if not isinstance(names, list) or not any(
-            (check := _PLAIN_TYPES.get(name) if isinstance(name, str) else None) and check(value)
-            for name in names
+            isinstance(name, str) and kind in _PLAIN_TYPES.get(name, ()) for name in names
         ):
             return False
     if "enum" in schema and not _in_enum(value, schema["enum"]):
