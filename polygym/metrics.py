@@ -75,11 +75,12 @@ def describe(values: list[float]) -> dict[str, float]:
     }
 
 
-def field_statistics(rollouts: list[dict[str, Any]]) -> dict[str, float]:
-    """``mean/<field>``, ``std/<field>``... for every numeric field seen in any rollout."""
+def field_statistics(fields: list[dict[str, float]]) -> dict[str, float]:
+    """``mean/<field>``, ``std/<field>``... for every numeric field seen in any rollout
+    (``fields``: each rollout's ``numeric_fields``, found once for this and ``repeat_metrics``)."""
     by_field: dict[str, list[float]] = defaultdict(list)
-    for rollout in rollouts:
-        for key, value in numeric_fields(rollout).items():
+    for values in fields:
+        for key, value in values.items():
             by_field[key].append(value)
     out: dict[str, float] = {}
     for key in sorted(by_field):
@@ -143,29 +144,30 @@ def repeat_statistics(values: list[float]) -> dict[str, float]:
     }
 
 
-def repeat_metrics(rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def repeat_metrics(rollouts: list[dict[str, Any]], fields: list[dict[str, float]]) -> list[dict[str, Any]]:
     """One row per rollout index (repeat) over all tasks; none unless there are several repeats.
 
     Each repeat is one full pass over the data, so the spread of its ``mean/reward`` across
-    repeats is the run-to-run noise a score comparison must beat.
+    repeats is the run-to-run noise a score comparison must beat. ``fields``: each rollout's
+    ``numeric_fields``, in the same order.
     """
-    by_repeat: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for rollout in rollouts:
-        by_repeat[rollout.get(ROLLOUT_INDEX, 0)].append(rollout)
+    by_repeat: dict[Any, list[tuple[dict[str, Any], dict[str, float]]]] = defaultdict(list)
+    for rollout, values in zip(rollouts, fields, strict=True):
+        by_repeat[rollout.get(ROLLOUT_INDEX, 0)].append((rollout, values))
     if len(by_repeat) < 2:
         return []
     all_tasks = len({r.get(TASK_INDEX, 0) for r in rollouts})
     rows = []
     for index, members in sorted(by_repeat.items(), key=lambda kv: str(kv[0])):
-        present = len({r.get(TASK_INDEX, 0) for r in members})
+        present = len({r.get(TASK_INDEX, 0) for r, _ in members})
         row: dict[str, Any] = {
             ROLLOUT_INDEX: index,
             "sample_count": present,
             "missing_count": all_tasks - present,
         }
         by_field: dict[str, list[float]] = defaultdict(list)
-        for rollout in members:
-            for key, value in numeric_fields(rollout).items():
+        for _, values in members:
+            for key, value in values.items():
                 by_field[key].append(value)
         for key in sorted(by_field):
             row.update({f"{stat}/{key}": v for stat, v in repeat_statistics(by_field[key]).items()})
@@ -206,7 +208,8 @@ def aggregate(
             "repeat_level_metrics": [],
         }
     agent_metrics: dict[str, Any] = {"num_rollouts": len(rollouts), "num_tasks": 0}
-    agent_metrics.update(field_statistics(measured))
+    fields = [numeric_fields(r) for r in measured]
+    agent_metrics.update(field_statistics(fields))
     summary, rows = group_metrics(measured, pass_threshold, answer_field)
     agent_metrics["num_tasks"] = len(rows)
     agent_metrics.update(summary)
@@ -222,7 +225,7 @@ def aggregate(
         "agent_metrics": agent_metrics,
         "key_metrics": key_metrics,
         "group_level_metrics": rows,
-        "repeat_level_metrics": repeat_metrics(measured),
+        "repeat_level_metrics": repeat_metrics(measured, fields),
     }
 
 

@@ -11,6 +11,7 @@ from polygym.json_schema import (
     MAX_WRONG_TYPE_CASES,
     example_arguments,
     lookup_ref,
+    plainly_fits,
     resolve,
     schema_problems,
     validation_errors,
@@ -204,3 +205,53 @@ def test_wrong_type_cases_are_bounded_and_need_a_usable_schema() -> None:
     assert len(wrong_type_cases(wide, example_arguments(wide))) == MAX_WRONG_TYPE_CASES
     broken = {"type": "object", "properties": {"a": {"type": "integer", "minimum": "0"}}}
     assert wrong_type_cases(broken, {"a": 1}) == []
+
+
+PLAIN = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "description": "where"},
+        "days": {"type": "integer"},
+        "unit": {"enum": ["c", "f"]},
+        "tags": {"type": "array", "items": {"type": ["string", "null"]}},
+    },
+    "required": ["city"],
+    "additionalProperties": False,
+}
+DRAFT_7_INTEGER = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "integer"}
+DRAFT_4_INTEGER = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"}
+DRAFT_3_REQUIRED = {
+    "$schema": "http://json-schema.org/draft-03/schema#",
+    "type": "object",
+    "properties": {"a": {"type": "string", "required": True}},
+}
+
+
+@pytest.mark.parametrize(
+    ("value", "schema"),
+    [
+        ({"city": "Oslo", "days": 3, "unit": "c", "tags": ["x", None]}, PLAIN),
+        ({"city": "Oslo"}, PLAIN),
+        ({}, PLAIN),
+        ({"city": 1}, PLAIN),
+        ({"city": "Oslo", "days": 1.5}, PLAIN),
+        ({"city": "Oslo", "days": True}, PLAIN),
+        ({"city": "Oslo", "unit": "k"}, PLAIN),
+        ({"city": "Oslo", "tags": [1]}, PLAIN),
+        ({"city": "Oslo", "extra": 1}, PLAIN),
+        (1.0, DRAFT_7_INTEGER),
+        (1.0, DRAFT_4_INTEGER),
+        ({}, DRAFT_3_REQUIRED),
+        ({"a": 1}, {"type": "object", "patternProperties": {"^a": {"type": "string"}}}),
+        ("x", {"type": "string", "minLength": 2}),
+        (True, {"enum": [1]}),
+    ],
+)
+def test_the_plain_fast_path_never_disagrees_with_the_validator(value: Any, schema: dict[str, Any]) -> None:
+    """``plainly_fits`` may only say True where jsonschema finds no error; every case above that
+    the validator rejects must get its errors, whichever path found them."""
+    from jsonschema import validators
+
+    expected = list(validators.validator_for(schema)(schema).iter_errors(value))
+    assert plainly_fits(value, schema) is False or not expected
+    assert bool(validation_errors(value, schema)) == bool(expected)

@@ -6,14 +6,13 @@ import asyncio
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.blend.stepwise import StepSettings
 from polygym.cli.base import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -25,7 +24,6 @@ from polygym.cli.base import (
     refuse_given,
     selector_options,
 )
-from polygym.cli.blend_run import load_spec_or_exit, next_step, run_blend
 from polygym.cli.compare import compare_command
 from polygym.cli.health import health_check_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
@@ -57,6 +55,9 @@ from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError, parse_override
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
+
+if TYPE_CHECKING:
+    from polygym.blend.stepwise import StepSettings
 
 
 @click.group(cls=SuggestingGroup)
@@ -225,6 +226,8 @@ def run(ctx: click.Context, **opts: Any) -> None:
         sys.exit(run_async(_run(stack_target(opts), settings)))
     if settings.steps is None:
         fail("--blend needs --steps N", EXIT_USAGE)
+    from polygym.cli.blend_run import load_spec_or_exit, run_blend  # blending's imports, for --blend only
+
     spec = load_spec_or_exit(settings.blend)
     target = stack_target(opts, spec)
     sys.exit(
@@ -416,6 +419,9 @@ class EvalRunSettings:
 
     def step_settings(self) -> StepSettings:
         """The step-wise settings of a ``--blend`` run (``--resume`` continues after the last step)."""
+        from polygym.blend.stepwise import StepSettings
+        from polygym.cli.blend_run import next_step
+
         assert self.steps is not None
         start = next_step(self.output) if self.resume else self.start_step
         sampling = dict(self.materialization.sampling)

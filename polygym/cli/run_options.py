@@ -13,7 +13,6 @@ import click
 
 from polygym.blend.spec import BlendSpec
 from polygym.cli.base import EXIT_USAGE, fail, load_stack_config
-from polygym.cli.blend_run import blend_stack_config
 from polygym.cli.placement_options import placement_options, replica_counts
 from polygym.redact import redact_argv
 from polygym.stack import records as stacks
@@ -76,7 +75,12 @@ def stack_target(opts: dict[str, Any], spec: BlendSpec | None = None) -> StackTa
     if opts["no_serve"]:
         return StackTarget(head_url=discover_head(opts["head_url"]))
     selectors = (opts["resources_servers"], opts["model_types"], opts["configs"], opts["overrides"])
-    config = load_stack_config(*selectors) if spec is None else blend_stack_config(spec, *selectors)
+    if spec is None:
+        config = load_stack_config(*selectors)
+    else:
+        from polygym.cli.blend_run import blend_stack_config  # blending's imports, for --blend only
+
+        config = blend_stack_config(spec, *selectors)
     try:
         replicas = replica_counts(opts["replicas"], config)
         workers = parse_workers(opts["workers"])

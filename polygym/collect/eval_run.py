@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
 from polygym import metrics
-from polygym.collect.health import HealthMonitor
+from polygym.collect.health import Finding, HealthMonitor, env_of
 from polygym.collect.job_plan import JobPlan
 from polygym.collect.progress import Progress
 from polygym.collect.rollouts import Limits, Result, collect
@@ -68,6 +70,69 @@ def reduce_rollout(rollout: dict[str, Any]) -> dict[str, Any]:
     return reduced
 
 
+class MetricsInputs:
+    """Per agent, what ``/aggregate_metrics`` will receive, kept as the rollouts arrive.
+
+    Each rollout is reduced (``reduce_rollout``) and its JSON appended to the agent's spool, a
+    temporary file past 1 MiB, so that after the window the metrics need neither a second
+    pass over the output file (parsing every full rollout again) nor a list of every rollout's
+    dict in memory: each agent's request body is its spool's bytes, sent as they are.
+    """
+
+    SPOOL_IN_MEMORY = 1 << 20
+    """Bytes of one agent's spool kept in memory (~6,500 reduced rollouts) before it moves to disk:
+    a run over a hundred environments holds at most ~100 MiB of them."""
+
+    def __init__(self) -> None:
+        self._spools: dict[str, IO[bytes]] = {}
+        self._files = ExitStack()
+        self.rollouts: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+
+    def rollout(self, agent: str, rollout: dict[str, Any]) -> None:
+        spool = self._spools.get(agent)
+        if spool is None:
+            spool = tempfile.SpooledTemporaryFile(self.SPOOL_IN_MEMORY)  # noqa: SIM115 (closed by close)
+            self._files.callback(spool.close)
+            self._spools[agent] = spool
+            spool.write(b"[")
+        else:
+            spool.write(b",")
+        spool.write(orjson.dumps(reduce_rollout(rollout)))
+        self.rollouts[agent] += 1
+
+    def failure(self, agent: str) -> None:
+        self.failures[agent] += 1
+
+    def agents(self) -> list[str]:
+        return sorted(set(self.rollouts) | set(self.failures))
+
+    def body(self, agent: str) -> bytes:
+        """The agent's reduced rollouts as one JSON array (``[]`` for none)."""
+        spool = self._spools.get(agent)
+        if spool is None:
+            return b"[]"
+        spool.seek(0)
+        return spool.read() + b"]"
+
+    def close(self) -> None:
+        self._files.close()
+        self._spools.clear()
+
+    @classmethod
+    def from_files(cls, files: RunFiles, health: HealthMonitor) -> MetricsInputs:
+        """Read back from a run's files (a resumed run's earlier rows, re-verification), one row
+        at a time; ``health`` observes every row on the way."""
+        inputs = cls()
+        for rollout in iter_jsonl(files.output):
+            inputs.rollout(env_of(rollout), rollout)
+            health.observe(rollout)
+        for failure in iter_jsonl(files.failures):
+            inputs.failure(env_of(failure))
+            health.observe_failure(failure)
+        return inputs
+
+
 def latency_metrics(latencies: Iterable[float]) -> dict[str, float]:
     ordered = sorted(latencies)
     if not ordered:
@@ -83,16 +148,16 @@ METRICS_FALLBACK = "metrics_fallback"
 (absent when the environment's own ``/aggregate_metrics`` answered)."""
 
 
-async def _agent_metrics(client: ServerClient, agent: str, rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+async def _agent_metrics(client: ServerClient, agent: str, rollouts: bytes) -> dict[str, Any]:
     """The environment's own metrics when its agent answers, polygym's generic ones otherwise.
 
-    The rollouts go as ``verify_responses``, NeMo Gym's key: NeMo Gym's servers require it (422
-    without it) and polygym's accept it as well. A fallback is never silent: it prints a warning
-    naming the agent and the error and marks the entry, since the environment's own metrics
-    (its pass rates, judge scores, ...) are then missing from the file.
+    The reduced rollouts (a JSON array, encoded once) go as ``verify_responses``, NeMo Gym's key:
+    NeMo Gym's servers require it (422 without it) and polygym's accept it as well. A fallback is
+    never silent: it prints a warning naming the agent and the error and marks the entry, since
+    the environment's own metrics (its pass rates, judge scores, ...) are then missing from the file.
     """
     try:
-        body = {"verify_responses": rollouts}
+        body = {"verify_responses": orjson.Fragment(rollouts)}
         reply = await client.call(agent, "/aggregate_metrics", body, timeout_s=120.0)
         data = reply.json()
         if isinstance(data, dict) and isinstance(data.get("agent_metrics"), dict):
@@ -104,34 +169,40 @@ async def _agent_metrics(client: ServerClient, agent: str, rollouts: list[dict[s
         f"warning: {agent}: /aggregate_metrics failed ({error}); wrote polygym's generic metrics instead",
         file=sys.stderr,
     )
-    return {**metrics.aggregate(rollouts), METRICS_FALLBACK: {"metrics": "polygym_generic", "error": error}}
+    fallback = metrics.aggregate(orjson.loads(rollouts))
+    return {**fallback, METRICS_FALLBACK: {"metrics": "polygym_generic", "error": error}}
 
 
 async def write_aggregate_metrics(
-    files: RunFiles, client: ServerClient, summary: RunSummary
+    files: RunFiles, client: ServerClient, summary: RunSummary, live: MetricsInputs | None = None
 ) -> list[dict[str, Any]]:
-    """Per-agent metrics over every rollout in the output (this run's and resumed ones)."""
-    by_agent: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    health = HealthMonitor()  # over the whole output, resumed rows included
-    for rollout in iter_jsonl(files.output):
-        by_agent[(rollout.get("agent_ref") or {}).get("name", "?")].append(reduce_rollout(rollout))
-        health.observe(rollout)
-    failures: Counter[str] = Counter()
-    for failure in iter_jsonl(files.failures):
-        failures[(failure.get("agent_ref") or {}).get("name", "?")] += 1
-        health.observe_failure(failure)
-    health.finish()
+    """Per-agent metrics over every rollout in the output (this run's and resumed ones).
+
+    ``live``: what this run kept as its rollouts arrived, when they are the whole output (no
+    resumed rows); its health is then ``summary.health``'s, not found again in the files.
+    """
+    if live is None:
+        health = HealthMonitor()  # over the whole output, resumed rows included
+        inputs = MetricsInputs.from_files(files, health)
+        health.finish()
+        late: list[Finding] = []
+    else:
+        health, inputs, late = summary.health, live, summary.health.task_findings()
     entries = []
-    for agent in sorted(set(by_agent) | set(failures)):
-        block = (
-            await _agent_metrics(client, agent, by_agent[agent]) if by_agent[agent] else metrics.aggregate([])
-        )
-        block["agent_metrics"].setdefault("num_rollouts", len(by_agent[agent]))  # NeMo Gym's lack it
-        block["agent_metrics"]["num_failures"] = failures[agent]
-        block["agent_metrics"].update(latency_metrics(summary.latencies.get(agent, ())))
-        block["agent_metrics"].update(health.metrics(agent))
-        block["key_metrics"]["num_failures"] = failures[agent]
-        entries.append({"agent_ref": {"type": AGENT_KIND, "name": agent}, **block})
+    try:
+        for agent in inputs.agents():
+            count, failed = inputs.rollouts[agent], inputs.failures[agent]
+            block = metrics.aggregate([])
+            if count:
+                block = await _agent_metrics(client, agent, inputs.body(agent))
+            block["agent_metrics"].setdefault("num_rollouts", count)  # NeMo Gym's lack it
+            block["agent_metrics"]["num_failures"] = failed
+            block["agent_metrics"].update(latency_metrics(summary.latencies.get(agent, ())))
+            block["agent_metrics"].update(health.metrics(agent, late))
+            block["key_metrics"]["num_failures"] = failed
+            entries.append({"agent_ref": {"type": AGENT_KIND, "name": agent}, **block})
+    finally:
+        inputs.close()
     files.metrics.write_bytes(orjson.dumps(entries, option=orjson.OPT_INDENT_2))
     return entries
 
@@ -168,6 +239,7 @@ async def run_eval(
         if monitor is not None:
             summary.health = monitor
         already = Counter(plan.agent_of(key) or "?" for key in done)
+        live = None if resume or not aggregate else MetricsInputs()
         with (
             RolloutWriter(files) as writer,
             JsonlAppender(files.materialized) as inputs,
@@ -177,13 +249,15 @@ async def run_eval(
             todo = _dispatch(plan, done, inputs, written, failed)
             try:
                 async for result in collect(todo, client, limits, health, summary.health):
-                    _record(result, writer, summary)
+                    _record(result, writer, summary, live)
                     progress.update(result)
             except BaseException:
                 summary.interrupted = True
+                if live is not None:
+                    live.close()
                 raise
         if aggregate:
-            await write_aggregate_metrics(files, client, summary)
+            await write_aggregate_metrics(files, client, summary, live)
     return summary
 
 
@@ -218,16 +292,22 @@ def _dispatch(
             yield job
 
 
-def _record(result: Result, writer: RolloutWriter, summary: RunSummary) -> None:
+def _record(
+    result: Result, writer: RolloutWriter, summary: RunSummary, live: MetricsInputs | None = None
+) -> None:
     summary.latencies[result.job.agent].append(result.latency_s)
     if result.ok:
         assert result.rollout is not None
         writer.rollout(result.rollout)
         summary.health.observe(result.rollout)
         summary.succeeded += 1
+        if live is not None:
+            live.rollout(env_of(result.rollout), result.rollout)
     else:
         assert result.failure is not None
         writer.failure(result.failure)
+        if live is not None:
+            live.failure(env_of(result.failure))
         summary.health.observe_failure(result.failure)
         summary.failed += 1
         summary.failures_by_class[result.failure["error_class"]] += 1

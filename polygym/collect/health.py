@@ -278,6 +278,16 @@ class HealthMonitor:
 
     def finish(self) -> list[Finding]:
         """Add the task-level findings (every repeat known); returns them."""
+        found = self.task_findings()
+        for finding in found:
+            self.envs[finding.env].kinds[finding.kind] += 1
+        if self.keep_findings:
+            self.findings.extend(found)
+        return found
+
+    def task_findings(self) -> list[Finding]:
+        """The task-level findings so far, not recorded: a live run's monitor reports them in the
+        metrics file without being changed (``metrics(env, late=...)``)."""
         found = []
         for (env, task), outcomes in self._tasks.items():
             if outcomes.repeats < 2:
@@ -286,18 +296,16 @@ class HealthMonitor:
                 found.append(Finding(env, ALWAYS_FAILED, f"all {outcomes.repeats} repeats failed", task))
             elif not outcomes.passed:
                 found.append(Finding(env, NEVER_SOLVED, f"none of {outcomes.repeats} repeats passed", task))
-        for finding in found:
-            self.envs[finding.env].kinds[finding.kind] += 1
-        if self.keep_findings:
-            self.findings.extend(found)
         return found
 
-    def metrics(self, env: str) -> dict[str, int]:
-        """``health/...`` counts of one environment, for its entry in ``_aggregate_metrics.json``."""
+    def metrics(self, env: str, late: Iterable[Finding] = ()) -> dict[str, int]:
+        """``health/...`` counts of one environment, for its entry in ``_aggregate_metrics.json``;
+        ``late`` findings (``task_findings``) are counted as if ``finish`` had recorded them."""
         health = self.envs.get(env, EnvHealth())
+        kinds = health.kinds + Counter(f.kind for f in late if f.env == env)
         return {
             "health/unhealthy_rollouts": health.unhealthy,
-            **{f"health/{k}": n for k, n in sorted(health.kinds.items())},
+            **{f"health/{k}": n for k, n in sorted(kinds.items())},
         }
 
     def summary(self) -> dict[str, Any]:

@@ -11,7 +11,13 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from polygym.collect.eval_run import METRICS_FALLBACK, RunSummary, _record, write_aggregate_metrics
+from polygym.collect.eval_run import (
+    METRICS_FALLBACK,
+    MetricsInputs,
+    RunSummary,
+    _record,
+    write_aggregate_metrics,
+)
 from polygym.collect.rollouts import Result
 from polygym.collect.run_files import RolloutWriter, RunFiles
 from polygym.jsonl import count_rows, write_jsonl
@@ -98,3 +104,35 @@ def test_a_run_keeps_a_few_bytes_per_finished_rollout(tmp_path: Path) -> None:
     assert summary.succeeded == 21_000 and count_rows(files.output) == 21_000
     assert len(summary.latencies[AGENT]) == 21_000 and summary.latencies[AGENT][-1] == 0.5 + 20_999 / 1e6
     assert kept < 20_000 * 12  # 8 bytes a latency, plus the array's headroom
+
+
+async def test_metrics_kept_as_results_arrive_match_those_read_back_from_the_files(tmp_path: Path) -> None:
+    """A run of its own rollouts sends the same reduced rollouts and writes the same entry as the
+    read-back of its files (a resumed run's path), health counts and task-level findings included,
+    and leaves its live health monitor as it was."""
+    files = RunFiles(tmp_path / "out.jsonl")
+    summary, live = RunSummary(total=0, skipped=0), MetricsInputs()
+    usage = {"input_tokens": 1, "output_tokens": 0, "total_tokens": 1}
+    with RolloutWriter(files) as writer:
+        for i in range(6):
+            job = make_job({"responses_create_params": {"input": "hi"}}, AGENT, i % 3, i // 3)
+            if i == 5:
+                failure = {**job.row, "error_class": "ConnectionReset", "error": "reset"}
+                _record(Result(job, 0.1, failure=failure), writer, summary, live)
+                continue
+            rollout = {
+                **job.row,
+                "response": new_response([message_item("x")], "m", usage),
+                "reward": i % 3 == 0,
+            }
+            _record(Result(job, 0.1, rollout=rollout), writer, summary, live)
+    kinds_before = {env: dict(h.kinds) for env, h in summary.health.envs.items()}
+    kept, read_back = NemoGymLikeAgent(), NemoGymLikeAgent()
+    [from_live] = await write_aggregate_metrics(files, cast(ServerClient, kept), summary, live)
+    [from_files] = await write_aggregate_metrics(files, cast(ServerClient, read_back), summary)
+    assert from_live == from_files
+    assert orjson.loads(orjson.dumps(kept.bodies)) == orjson.loads(orjson.dumps(read_back.bodies))
+    assert from_live["agent_metrics"]["num_failures"] == 1
+    assert from_live["agent_metrics"]["health/task_never_solved"] == 2  # tasks 1 and 2
+    assert from_live["agent_metrics"]["health/zero_token_completion"] == 5
+    assert {env: dict(h.kinds) for env, h in summary.health.envs.items()} == kinds_before
