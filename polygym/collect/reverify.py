@@ -54,6 +54,10 @@ REVERIFIED = "_reverified.jsonl"
 DIFF = "_reverify_diff.json"
 RESULT_FIELDS = ("response", "reward")
 """Fields of a stored rollout that ``/verify`` produced or scored, left out of a rebuilt input row."""
+ROLLOUT_INPUTS = ("deliverables_dir", "reference_ids")
+"""Verifier inputs that a rollout produced (an artifact folder, the reference subset an adaptive
+comparison used): taken from the stored row even when the materialized input is at hand."""
+TASK_INPUT = "task_input"
 UNSUPPORTED = "unsupported"
 """A resources server's ``GET /reverify_mode`` answer (NeMo Gym) when its rewards cannot be recomputed."""
 RELEASE_TIMEOUT_S = 10.0
@@ -228,11 +232,47 @@ def input_rows(materialized: Path | None) -> dict[tuple[int, int], dict[str, Any
     }
 
 
+def check_inputs(plan: ReverifyPlan, sent: dict[tuple[int, int], dict[str, Any]], inputs: Path) -> None:
+    """Every row to verify has its input in the materialized inputs, as NeMo Gym's reverify requires:
+    a row replayed from its stored copy instead would be verified on other fields than it was."""
+    missing = [i.job.key for i in plan.items if i.verify and i.job.key not in sent]
+    if missing:
+        keys = ", ".join(f"task {t} rollout {r}" for t, r in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ReverifyError(f"{inputs}: no materialized input for {keys}{more}")
+
+
 def verify_payload(stored: dict[str, Any], sent: dict[str, Any] | None) -> dict[str, Any]:
-    """What the agent sent ``/verify``: the row as sent plus the response. Without the materialized
-    input, the stored row less what verification produced stands in for it."""
-    base = sent if sent is not None else {k: v for k, v in stored.items() if k not in RESULT_FIELDS}
-    return {**base, "response": stored["response"]}
+    """What the agent sent ``/verify``, built as NeMo Gym 0.7.0's reverify builds it: the row as
+    sent (a ``task_input`` container unpacked, its ``task_data`` under its own fields) plus the
+    stored response, and the two verifier inputs only the rollout knows (``ROLLOUT_INPUTS``).
+    Stored rows keep the verifier's own output fields (``extracted_answer``, ...), which NeMo Gym's
+    verifiers refuse as duplicate arguments, so the row as sent is what a replay needs; without
+    it, the stored row less ``response`` and ``reward`` stands in for it."""
+    if sent is None:
+        return {**{k: v for k, v in stored.items() if k not in RESULT_FIELDS}, "response": stored["response"]}
+    payload = {**_task_fields(sent), "response": stored["response"]}
+    payload.update({key: stored[key] for key in ROLLOUT_INPUTS if key in stored})
+    return payload
+
+
+def _task_fields(sent: dict[str, Any]) -> dict[str, Any]:
+    """A row as sent, with NeMo Gym's ``task_input`` container (flat fields, or the older
+    ``task_data`` object inside it) unpacked into the row, as its reverify does."""
+    task_input = sent.get(TASK_INPUT)
+    if not isinstance(task_input, dict):
+        return dict(sent)
+    fields = dict(task_input)
+    task_data = fields.pop("task_data", {})
+    if not isinstance(task_data, dict):
+        raise ReverifyError(f"{TASK_INPUT}.task_data: must be an object")
+    conflicting = sorted(k for k in fields.keys() & task_data.keys() if fields[k] != task_data[k])
+    if conflicting:
+        raise ReverifyError(
+            f"{TASK_INPUT}: field(s) {', '.join(conflicting)} differ inside and outside task_data"
+        )
+    row = {k: v for k, v in sent.items() if k not in ("task_id", TASK_INPUT)}
+    return {**row, **task_data, **fields}
 
 
 class Verifier:
@@ -369,7 +409,11 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
             f"resources server(s) {', '.join(forced)} say their rewards cannot be recomputed "
             "(reverify_mode unsupported); pass --force to reverify anyway"
         )
-    verifier = Verifier(client, resources, input_rows(settings.inputs()))
+    inputs = settings.inputs()
+    as_sent = input_rows(inputs)
+    if inputs is not None:
+        check_inputs(plan, as_sent, inputs)
+    verifier = Verifier(client, resources, as_sent)
     limits = Limits(concurrency=settings.concurrency, timeout_s=settings.timeout_s)
     with RunLock(files):
         prepare(

@@ -14,6 +14,7 @@ from polygym.collect.reverify import (
     ReverifyError,
     ReverifySettings,
     Verifier,
+    check_inputs,
     classify,
     diff_path,
     plan_reverify,
@@ -144,6 +145,39 @@ def test_payload_is_the_row_as_sent_plus_the_stored_response() -> None:
     assert verify_payload(stored, {"sent": True}) == {"sent": True, "response": stored["response"]}
     rebuilt = verify_payload(stored, None)
     assert rebuilt["response"] == stored["response"] and "reward" not in rebuilt
+
+
+def test_a_stored_rows_verifier_outputs_never_reach_verify_when_its_input_is_at_hand() -> None:
+    # NeMo Gym's mcqa stores extracted_answer; its verifier passes it again and raises
+    # "got multiple values for keyword argument" unless the row as sent is replayed
+    stored = rollout(0, 1.0, extracted_answer="B", deliverables_dir="/out/0", reference_ids=[3])
+    sent = {"responses_create_params": {"input": "q"}, "options": ["A", "B"], "agent_ref": AGENT}
+    payload = verify_payload(stored, sent)
+    assert "extracted_answer" not in payload and "reward" not in payload
+    assert payload["options"] == ["A", "B"] and payload["response"] == stored["response"]
+    assert (payload["deliverables_dir"], payload["reference_ids"]) == ("/out/0", [3])
+
+
+def test_a_task_input_container_is_unpacked_as_nemo_gym_unpacks_it() -> None:
+    sent = {
+        "task_id": "t1",
+        "agent_ref": AGENT,
+        "task_input": {"question": "q", "task_data": {"answer": "4", "question": "q"}},
+    }
+    payload = verify_payload(rollout(0), sent)
+    assert payload == {"agent_ref": AGENT, "question": "q", "answer": "4", "response": rollout(0)["response"]}
+    with pytest.raises(ReverifyError, match="question"):
+        verify_payload(rollout(0), {"task_input": {"question": "a", "task_data": {"question": "b"}}})
+
+
+def test_a_row_without_its_materialized_input_is_refused_by_key(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    write_jsonl([rollout(0), rollout(1)], path)
+    plan = plan_reverify(path, failed_only=False)
+    inputs = tmp_path / "out_materialized_inputs.jsonl"
+    with pytest.raises(ReverifyError, match=r"inputs.jsonl: no materialized input for task 1"):
+        check_inputs(plan, {(0, 0): {}}, inputs)
+    check_inputs(plan, {(0, 0): {}, (1, 0): {}}, inputs)
 
 
 def item(old: float | None, verify: bool = True) -> Item:
