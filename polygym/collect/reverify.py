@@ -189,8 +189,15 @@ def stored_row(failure: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in failure.items() if not k.startswith("_ng_failure_")}
 
 
-def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -> ReverifyPlan:
-    """The rows to reverify, in file order (the rollouts', then the failures'), one per key."""
+def plan_reverify(
+    rollouts: Path,
+    failed_only: bool,
+    limit: int | None = None,
+    sent: dict[tuple[int, int], dict[str, Any]] | None = None,
+) -> ReverifyPlan:
+    """The rows to reverify, in file order (the rollouts', then the failures'), one per key. A
+    stored row without ``agent_ref`` is routed by its row as ``sent`` (the materialized input), as
+    NeMo Gym's reverify routes it (NeMo Gym's stored example rollouts often leave it out)."""
     if not rollouts.is_file():
         raise ReverifyError(f"--rollouts {rollouts}: no such file")
     plan = ReverifyPlan([])
@@ -202,6 +209,9 @@ def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -
             plan.dropped.append(Dropped(where, DUPLICATE, f"task {key[0]} rollout {key[1]}, as {seen[key]}"))
             return
         seen[key] = where
+        as_sent = (sent or {}).get(key, {})
+        if "agent_ref" not in row and "agent_ref" in as_sent:
+            row = {**row, "agent_ref": as_sent["agent_ref"]}
         plan.items.append(Item(Job(_agent(row, where), *key, row), verify, old))
 
     for where, row in _numbered(rollouts, plan.dropped):
@@ -393,7 +403,9 @@ class ReverifySummary:
 async def reverify(client: ServerClient, settings: ReverifySettings) -> ReverifySummary:
     """Reverify ``settings.rollouts`` into new files; cancellation leaves a resumable run."""
     files = settings.files()
-    plan = plan_reverify(settings.rollouts, settings.failed_only, settings.limit)
+    inputs = settings.inputs()
+    as_sent = input_rows(inputs)
+    plan = plan_reverify(settings.rollouts, settings.failed_only, settings.limit, as_sent)
     resources = await resources_by_agent(client)
     missing = sorted({i.job.agent for i in plan.items if i.verify} - set(resources))
     if missing:
@@ -409,8 +421,6 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
             f"resources server(s) {', '.join(forced)} say their rewards cannot be recomputed "
             "(reverify_mode unsupported); pass --force to reverify anyway"
         )
-    inputs = settings.inputs()
-    as_sent = input_rows(inputs)
     if inputs is not None:
         check_inputs(plan, as_sent, inputs)
     verifier = Verifier(client, resources, as_sent)

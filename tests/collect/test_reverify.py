@@ -180,6 +180,15 @@ def test_a_row_without_its_materialized_input_is_refused_by_key(tmp_path: Path) 
     check_inputs(plan, {(0, 0): {}, (1, 0): {}}, inputs)
 
 
+def test_a_stored_row_without_agent_ref_is_routed_by_its_materialized_input(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    write_jsonl([{k: v for k, v in rollout(0).items() if k != "agent_ref"}], path)
+    with pytest.raises(ReverifyError, match="agent_ref"):
+        plan_reverify(path, failed_only=False)
+    plan = plan_reverify(path, failed_only=False, sent={(0, 0): {"agent_ref": {"name": "b"}}})
+    assert plan.items[0].job.agent == "b"
+
+
 def item(old: float | None, verify: bool = True) -> Item:
     return Item(Job("a", 0, 0, rollout(0)), verify, old)
 
