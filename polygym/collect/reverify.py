@@ -58,8 +58,10 @@ ROLLOUT_INPUTS = ("deliverables_dir", "reference_ids")
 """Verifier inputs that a rollout produced (an artifact folder, the reference subset an adaptive
 comparison used): taken from the stored row even when the materialized input is at hand."""
 TASK_INPUT = "task_input"
-UNSUPPORTED = "unsupported"
-"""A resources server's ``GET /reverify_mode`` answer (NeMo Gym) when its rewards cannot be recomputed."""
+NOT_STATELESS = frozenset({"unsupported", "unknown"})
+"""``GET /reverify_mode`` answers (NeMo Gym) for which NeMo Gym's reverify asks ``force``: the
+server's rewards cannot be recomputed (``unsupported``), or it never said (``unknown``, the
+default of NeMo Gym's resources servers)."""
 RELEASE_TIMEOUT_S = 10.0
 DEFAULT_VERIFY_TIMEOUT_S = 300.0
 """One row: seed, verify (a judge call included) and retries; the agent's own ``verify_timeout_s``."""
@@ -331,13 +333,13 @@ async def resources_by_agent(client: ServerClient) -> dict[str, str]:
 
 
 async def unsupported_servers(client: ServerClient, servers: Iterable[str]) -> list[str]:
-    """The servers that say (NeMo Gym's ``GET /reverify_mode``) their rewards cannot be recomputed;
+    """The servers whose NeMo Gym ``GET /reverify_mode`` is not ``stateless`` (``NOT_STATELESS``);
     a server without the route (every polygym one) is reverified through its session."""
     found = []
     for server in sorted(set(servers)):
         with contextlib.suppress(ServerCallError, ValueError):
             reply = await client.call(server, "/reverify_mode", method="GET", timeout_s=30.0)
-            if reply.json() == UNSUPPORTED:
+            if reply.json() in NOT_STATELESS:
                 found.append(server)
     return found
 
@@ -418,8 +420,9 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
     forced = await unsupported_servers(client, needed)
     if forced and not settings.force:
         raise ReverifyError(
-            f"resources server(s) {', '.join(forced)} say their rewards cannot be recomputed "
-            "(reverify_mode unsupported); pass --force to reverify anyway"
+            f"resources server(s) {', '.join(forced)} do not say their rewards can be recomputed "
+            "(reverify_mode unsupported or unknown, which NeMo Gym's reverify also refuses); "
+            "pass --force to reverify anyway"
         )
     if inputs is not None:
         check_inputs(plan, as_sent, inputs)

@@ -271,14 +271,17 @@ def test_a_reply_without_reward_is_a_failure_not_an_abort() -> None:
 
 
 class ModeClient:
-    """``old`` says (NeMo Gym's route) it cannot be reverified; ``new`` has no such route."""
+    """``old`` says (NeMo Gym's route) it cannot be reverified, ``quiet`` never said (NeMo Gym's
+    default), ``stateless`` can be; ``new`` has no such route."""
 
     async def call(self, name: str, path: str, payload: Any = None, **kw: Any) -> Any:
-        if name == "old":
-            return Reply("unsupported")
+        modes = {"old": "unsupported", "quiet": "unknown", "stateless": "stateless"}
+        if name in modes:
+            return Reply(modes[name])
         raise ServerCallError(f"{name} {path}", "not found", status=404)
 
 
-def test_only_servers_that_say_unsupported_need_force() -> None:
-    found = asyncio.run(unsupported_servers(ModeClient(), ["old", "new", "old"]))  # type: ignore[arg-type]
-    assert found == ["old"]
+def test_servers_that_say_unsupported_or_unknown_need_force_as_in_nemo_gym() -> None:
+    servers = ["old", "new", "old", "quiet", "stateless"]
+    found = asyncio.run(unsupported_servers(ModeClient(), servers))  # type: ignore[arg-type]
+    assert found == ["old", "quiet"]
