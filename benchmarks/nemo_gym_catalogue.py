@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -60,6 +62,8 @@ def main() -> None:
     )
     parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds for a stack to start")
     args = parser.parse_args()
+    # a stopped benchmark (timeout, kill) still stops the stack it started: its finally runs
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     root = nemo_gym_tree()
     folders = [root / "resources_servers" / name for name in args.folders] if args.folders else None
     folders = folders or sorted(
@@ -80,7 +84,7 @@ def main() -> None:
                 root, folder.name, config, Path(scratch) / folder.name, judge, start_s=args.start_timeout
             )
             kind = classify(result)
-            note = f" ({result.error[:120]})" if result.error else ""
+            note = f" ({' '.join(result.error.replace('|', '/').split())[:120]})" if result.error else ""
             note += " [judge: fixed verdict]" if judge else ""
             note += " [inputs: stored rows]" if result.inputs != "materialized" else ""
             by_class[kind].append(f"{folder.name}{note}")

@@ -37,6 +37,7 @@ NEMO_GYM_REVERIFY = Path(__file__).with_name("nemo_gym_reverify.py")
 READY = re.compile(r"head server (http://127\.0\.0\.1:\d+)")
 STORED = "stored"
 MATERIALIZED = "materialized"
+RESULTS = ("response", "reward")
 JUDGE_CONFIG = Path(__file__).with_name("nemo_gym_fixed_judge.yaml")
 """The scripted model's rule that answers every judge prompt with one fixed verdict."""
 
@@ -72,17 +73,15 @@ def config_agent(config: Path) -> str | None:
 
 def prepare(folder: Path, work: Path, agent: str | None) -> tuple[Path, str]:
     """The folder's stored rollouts and their inputs copied into ``work``; which inputs they are.
-    Stored rows without indices are numbered by line, and rows without ``agent_ref`` given
-    ``agent``, in both files: NeMo Gym's reverify needs both and the stored example rows of many
-    folders leave them out."""
+    Stored rows without indices are numbered by line (NeMo Gym's reverify needs them). Where the
+    folder stores no materialized inputs, the stored rows less their results stand in, routed to
+    ``agent`` where they name none; the stored rollouts are left as they are otherwise, so a row
+    that only its materialized input routes stays so."""
     data = folder / "data"
-    numbered = []
-    for i, row in enumerate(iter_jsonl(data / "example_rollouts.jsonl")):
-        if TASK_INDEX not in row or ROLLOUT_INDEX not in row:
-            row = {**row, TASK_INDEX: i, ROLLOUT_INDEX: 0}
-        if "agent_ref" not in row and agent is not None:
-            row = {**row, "agent_ref": {"type": "responses_api_agents", "name": agent}}
-        numbered.append(row)
+    numbered = [
+        row if TASK_INDEX in row and ROLLOUT_INDEX in row else {**row, TASK_INDEX: i, ROLLOUT_INDEX: 0}
+        for i, row in enumerate(iter_jsonl(data / "example_rollouts.jsonl"))
+    ]
     rollouts = work / "example_rollouts.jsonl"
     write_jsonl(numbered, rollouts)
     materialized = data / "example_rollouts_materialized_inputs.jsonl"
@@ -90,7 +89,8 @@ def prepare(folder: Path, work: Path, agent: str | None) -> tuple[Path, str]:
     if materialized.is_file():
         inputs.write_bytes(materialized.read_bytes())
         return rollouts, MATERIALIZED
-    write_jsonl([{k: v for k, v in r.items() if k not in ("response", "reward")} for r in numbered], inputs)
+    route = {"agent_ref": {"type": "responses_api_agents", "name": agent}} if agent else {}
+    write_jsonl([{**route, **{k: v for k, v in r.items() if k not in RESULTS}} for r in numbered], inputs)
     return rollouts, STORED
 
 
