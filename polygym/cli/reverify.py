@@ -70,7 +70,9 @@ from polygym.stack.session import StackSession, StackTarget
 @click.option("--resume", is_flag=True, help="Finish an interrupted reverify: only the missing rows.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing reverified output.")
 @click.option(
-    "--force", is_flag=True, help="Reverify also against servers whose reverify_mode is unsupported."
+    "--force",
+    is_flag=True,
+    help="Reverify also against servers whose reverify_mode is unsupported or unknown.",
 )
 @click.option(
     "--allow-stack-change",

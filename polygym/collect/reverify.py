@@ -54,8 +54,14 @@ REVERIFIED = "_reverified.jsonl"
 DIFF = "_reverify_diff.json"
 RESULT_FIELDS = ("response", "reward")
 """Fields of a stored rollout that ``/verify`` produced or scored, left out of a rebuilt input row."""
-UNSUPPORTED = "unsupported"
-"""A resources server's ``GET /reverify_mode`` answer (NeMo Gym) when its rewards cannot be recomputed."""
+ROLLOUT_INPUTS = ("deliverables_dir", "reference_ids")
+"""Verifier inputs that a rollout produced (an artifact folder, the reference subset an adaptive
+comparison used): taken from the stored row even when the materialized input is at hand."""
+TASK_INPUT = "task_input"
+NOT_STATELESS = frozenset({"unsupported", "unknown"})
+"""``GET /reverify_mode`` answers (NeMo Gym) for which NeMo Gym's reverify asks ``force``: the
+server's rewards cannot be recomputed (``unsupported``), or it never said (``unknown``, the
+default of NeMo Gym's resources servers)."""
 RELEASE_TIMEOUT_S = 10.0
 DEFAULT_VERIFY_TIMEOUT_S = 300.0
 """One row: seed, verify (a judge call included) and retries; the agent's own ``verify_timeout_s``."""
@@ -185,8 +191,15 @@ def stored_row(failure: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in failure.items() if not k.startswith("_ng_failure_")}
 
 
-def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -> ReverifyPlan:
-    """The rows to reverify, in file order (the rollouts', then the failures'), one per key."""
+def plan_reverify(
+    rollouts: Path,
+    failed_only: bool,
+    limit: int | None = None,
+    sent: dict[tuple[int, int], dict[str, Any]] | None = None,
+) -> ReverifyPlan:
+    """The rows to reverify, in file order (the rollouts', then the failures'), one per key. A
+    stored row without ``agent_ref`` is routed by its row as ``sent`` (the materialized input), as
+    NeMo Gym's reverify routes it (NeMo Gym's stored example rollouts often leave it out)."""
     if not rollouts.is_file():
         raise ReverifyError(f"--rollouts {rollouts}: no such file")
     plan = ReverifyPlan([])
@@ -198,6 +211,9 @@ def plan_reverify(rollouts: Path, failed_only: bool, limit: int | None = None) -
             plan.dropped.append(Dropped(where, DUPLICATE, f"task {key[0]} rollout {key[1]}, as {seen[key]}"))
             return
         seen[key] = where
+        as_sent = (sent or {}).get(key, {})
+        if "agent_ref" not in row and "agent_ref" in as_sent:
+            row = {**row, "agent_ref": as_sent["agent_ref"]}
         plan.items.append(Item(Job(_agent(row, where), *key, row), verify, old))
 
     for where, row in _numbered(rollouts, plan.dropped):
@@ -228,11 +244,47 @@ def input_rows(materialized: Path | None) -> dict[tuple[int, int], dict[str, Any
     }
 
 
+def check_inputs(plan: ReverifyPlan, sent: dict[tuple[int, int], dict[str, Any]], inputs: Path) -> None:
+    """Every row to verify has its input in the materialized inputs, as NeMo Gym's reverify requires:
+    a row replayed from its stored copy instead would be verified on other fields than it was."""
+    missing = [i.job.key for i in plan.items if i.verify and i.job.key not in sent]
+    if missing:
+        keys = ", ".join(f"task {t} rollout {r}" for t, r in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ReverifyError(f"{inputs}: no materialized input for {keys}{more}")
+
+
 def verify_payload(stored: dict[str, Any], sent: dict[str, Any] | None) -> dict[str, Any]:
-    """What the agent sent ``/verify``: the row as sent plus the response. Without the materialized
-    input, the stored row less what verification produced stands in for it."""
-    base = sent if sent is not None else {k: v for k, v in stored.items() if k not in RESULT_FIELDS}
-    return {**base, "response": stored["response"]}
+    """What the agent sent ``/verify``, built as NeMo Gym 0.7.0's reverify builds it: the row as
+    sent (a ``task_input`` container unpacked, its ``task_data`` under its own fields) plus the
+    stored response, and the two verifier inputs only the rollout knows (``ROLLOUT_INPUTS``).
+    Stored rows keep the verifier's own output fields (``extracted_answer``, ...), which NeMo Gym's
+    verifiers refuse as duplicate arguments, so the row as sent is what a replay needs; without
+    it, the stored row less ``response`` and ``reward`` stands in for it."""
+    if sent is None:
+        return {**{k: v for k, v in stored.items() if k not in RESULT_FIELDS}, "response": stored["response"]}
+    payload = {**_task_fields(sent), "response": stored["response"]}
+    payload.update({key: stored[key] for key in ROLLOUT_INPUTS if key in stored})
+    return payload
+
+
+def _task_fields(sent: dict[str, Any]) -> dict[str, Any]:
+    """A row as sent, with NeMo Gym's ``task_input`` container (flat fields, or the older
+    ``task_data`` object inside it) unpacked into the row, as its reverify does."""
+    task_input = sent.get(TASK_INPUT)
+    if not isinstance(task_input, dict):
+        return dict(sent)
+    fields = dict(task_input)
+    task_data = fields.pop("task_data", {})
+    if not isinstance(task_data, dict):
+        raise ReverifyError(f"{TASK_INPUT}.task_data: must be an object")
+    conflicting = sorted(k for k in fields.keys() & task_data.keys() if fields[k] != task_data[k])
+    if conflicting:
+        raise ReverifyError(
+            f"{TASK_INPUT}: field(s) {', '.join(conflicting)} differ inside and outside task_data"
+        )
+    row = {k: v for k, v in sent.items() if k not in ("task_id", TASK_INPUT)}
+    return {**row, **task_data, **fields}
 
 
 class Verifier:
@@ -281,13 +333,13 @@ async def resources_by_agent(client: ServerClient) -> dict[str, str]:
 
 
 async def unsupported_servers(client: ServerClient, servers: Iterable[str]) -> list[str]:
-    """The servers that say (NeMo Gym's ``GET /reverify_mode``) their rewards cannot be recomputed;
+    """The servers whose NeMo Gym ``GET /reverify_mode`` is not ``stateless`` (``NOT_STATELESS``);
     a server without the route (every polygym one) is reverified through its session."""
     found = []
     for server in sorted(set(servers)):
         with contextlib.suppress(ServerCallError, ValueError):
             reply = await client.call(server, "/reverify_mode", method="GET", timeout_s=30.0)
-            if reply.json() == UNSUPPORTED:
+            if reply.json() in NOT_STATELESS:
                 found.append(server)
     return found
 
@@ -353,7 +405,9 @@ class ReverifySummary:
 async def reverify(client: ServerClient, settings: ReverifySettings) -> ReverifySummary:
     """Reverify ``settings.rollouts`` into new files; cancellation leaves a resumable run."""
     files = settings.files()
-    plan = plan_reverify(settings.rollouts, settings.failed_only, settings.limit)
+    inputs = settings.inputs()
+    as_sent = input_rows(inputs)
+    plan = plan_reverify(settings.rollouts, settings.failed_only, settings.limit, as_sent)
     resources = await resources_by_agent(client)
     missing = sorted({i.job.agent for i in plan.items if i.verify} - set(resources))
     if missing:
@@ -366,10 +420,13 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
     forced = await unsupported_servers(client, needed)
     if forced and not settings.force:
         raise ReverifyError(
-            f"resources server(s) {', '.join(forced)} say their rewards cannot be recomputed "
-            "(reverify_mode unsupported); pass --force to reverify anyway"
+            f"resources server(s) {', '.join(forced)} do not say their rewards can be recomputed "
+            "(reverify_mode unsupported or unknown, which NeMo Gym's reverify also refuses); "
+            "pass --force to reverify anyway"
         )
-    verifier = Verifier(client, resources, input_rows(settings.inputs()))
+    if inputs is not None:
+        check_inputs(plan, as_sent, inputs)
+    verifier = Verifier(client, resources, as_sent)
     limits = Limits(concurrency=settings.concurrency, timeout_s=settings.timeout_s)
     with RunLock(files):
         prepare(

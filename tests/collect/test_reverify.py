@@ -14,6 +14,7 @@ from polygym.collect.reverify import (
     ReverifyError,
     ReverifySettings,
     Verifier,
+    check_inputs,
     classify,
     diff_path,
     plan_reverify,
@@ -146,6 +147,48 @@ def test_payload_is_the_row_as_sent_plus_the_stored_response() -> None:
     assert rebuilt["response"] == stored["response"] and "reward" not in rebuilt
 
 
+def test_a_stored_rows_verifier_outputs_never_reach_verify_when_its_input_is_at_hand() -> None:
+    # NeMo Gym's mcqa stores extracted_answer; its verifier passes it again and raises
+    # "got multiple values for keyword argument" unless the row as sent is replayed
+    stored = rollout(0, 1.0, extracted_answer="B", deliverables_dir="/out/0", reference_ids=[3])
+    sent = {"responses_create_params": {"input": "q"}, "options": ["A", "B"], "agent_ref": AGENT}
+    payload = verify_payload(stored, sent)
+    assert "extracted_answer" not in payload and "reward" not in payload
+    assert payload["options"] == ["A", "B"] and payload["response"] == stored["response"]
+    assert (payload["deliverables_dir"], payload["reference_ids"]) == ("/out/0", [3])
+
+
+def test_a_task_input_container_is_unpacked_as_nemo_gym_unpacks_it() -> None:
+    sent = {
+        "task_id": "t1",
+        "agent_ref": AGENT,
+        "task_input": {"question": "q", "task_data": {"answer": "4", "question": "q"}},
+    }
+    payload = verify_payload(rollout(0), sent)
+    assert payload == {"agent_ref": AGENT, "question": "q", "answer": "4", "response": rollout(0)["response"]}
+    with pytest.raises(ReverifyError, match="question"):
+        verify_payload(rollout(0), {"task_input": {"question": "a", "task_data": {"question": "b"}}})
+
+
+def test_a_row_without_its_materialized_input_is_refused_by_key(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    write_jsonl([rollout(0), rollout(1)], path)
+    plan = plan_reverify(path, failed_only=False)
+    inputs = tmp_path / "out_materialized_inputs.jsonl"
+    with pytest.raises(ReverifyError, match=r"inputs.jsonl: no materialized input for task 1"):
+        check_inputs(plan, {(0, 0): {}}, inputs)
+    check_inputs(plan, {(0, 0): {}, (1, 0): {}}, inputs)
+
+
+def test_a_stored_row_without_agent_ref_is_routed_by_its_materialized_input(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    write_jsonl([{k: v for k, v in rollout(0).items() if k != "agent_ref"}], path)
+    with pytest.raises(ReverifyError, match="agent_ref"):
+        plan_reverify(path, failed_only=False)
+    plan = plan_reverify(path, failed_only=False, sent={(0, 0): {"agent_ref": {"name": "b"}}})
+    assert plan.items[0].job.agent == "b"
+
+
 def item(old: float | None, verify: bool = True) -> Item:
     return Item(Job("a", 0, 0, rollout(0)), verify, old)
 
@@ -228,14 +271,17 @@ def test_a_reply_without_reward_is_a_failure_not_an_abort() -> None:
 
 
 class ModeClient:
-    """``old`` says (NeMo Gym's route) it cannot be reverified; ``new`` has no such route."""
+    """``old`` says (NeMo Gym's route) it cannot be reverified, ``quiet`` never said (NeMo Gym's
+    default), ``stateless`` can be; ``new`` has no such route."""
 
     async def call(self, name: str, path: str, payload: Any = None, **kw: Any) -> Any:
-        if name == "old":
-            return Reply("unsupported")
+        modes = {"old": "unsupported", "quiet": "unknown", "stateless": "stateless"}
+        if name in modes:
+            return Reply(modes[name])
         raise ServerCallError(f"{name} {path}", "not found", status=404)
 
 
-def test_only_servers_that_say_unsupported_need_force() -> None:
-    found = asyncio.run(unsupported_servers(ModeClient(), ["old", "new", "old"]))  # type: ignore[arg-type]
-    assert found == ["old"]
+def test_servers_that_say_unsupported_or_unknown_need_force_as_in_nemo_gym() -> None:
+    servers = ["old", "new", "old", "quiet", "stateless"]
+    found = asyncio.run(unsupported_servers(ModeClient(), servers))  # type: ignore[arg-type]
+    assert found == ["old", "quiet"]

@@ -1,0 +1,214 @@
+"""NeMo Gym's stored rollouts replayed by NeMo Gym's own reverify and by ``gym eval reverify``.
+
+One folder at a time: polygym starts the folder's stack from NeMo Gym's own config (its servers
+unchanged, in their cached environments, the scripted model as policy and as any judge), then
+both reverifies run against that one stack, so the only difference is the reverify itself.
+NeMo Gym's runs in the folder's environment with NeMo Gym 0.7.0's ``RolloutReverificationHelper``
+(``nemo_gym_reverify.py``; its CLI would start a stack of its own first), with ``++force=true``
+since most of NeMo Gym's servers leave ``reverify_mode`` unknown. polygym's is
+``gym eval reverify --no-serve --head-url ... --force``.
+
+NeMo Gym's reverify needs the run's materialized inputs; a folder that stores none is replayed
+on its stored rows less ``response`` and ``reward`` (numbered by line where they carry no
+indices) in both systems, and says so (``inputs``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from polygym.jsonl import iter_jsonl, write_jsonl
+from polygym.row import ROLLOUT_INDEX, TASK_INDEX
+from polygym.stack.env_build import CACHE_ENV_VAR, PYTHON_ENV_VAR
+from tests.nemo_gym_wheel import NEMO_GYM_PYTHON, env_cache
+
+NEMO_GYM_REVERIFY = Path(__file__).with_name("nemo_gym_reverify.py")
+READY = re.compile(r"head server (http://127\.0\.0\.1:\d+)")
+STORED = "stored"
+MATERIALIZED = "materialized"
+RESULTS = ("response", "reward")
+JUDGE_CONFIG = Path(__file__).with_name("nemo_gym_fixed_judge.yaml")
+"""The scripted model's rule that answers every judge prompt with one fixed verdict."""
+
+
+@dataclass
+class Replay:
+    """One folder's stored rollouts and the rewards each reverify gave them, by ``(task, rollout)``."""
+
+    folder: str
+    inputs: str = MATERIALIZED
+    stored: dict[tuple[int, int], float | None] = field(default_factory=dict)
+    nemo_gym: dict[tuple[int, int], float] = field(default_factory=dict)
+    polygym: dict[tuple[int, int], float] = field(default_factory=dict)
+    error: str = ""
+    """Why nothing was replayed (the stack did not start, NeMo Gym refused, ...)."""
+
+    def equal_to_nemo_gym(self) -> int:
+        return sum(1 for k, v in self.nemo_gym.items() if self.polygym.get(k) == v)
+
+
+def _key(row: dict[str, Any]) -> tuple[int, int]:
+    return int(row[TASK_INDEX]), int(row[ROLLOUT_INDEX])
+
+
+def config_agent(config: Path) -> str | None:
+    """The first agent instance of a NeMo Gym config (the one its example rows name)."""
+    loaded = yaml.safe_load(config.read_text()) or {}
+    for name, block in loaded.items():
+        if isinstance(block, dict) and "responses_api_agents" in block:
+            return str(name)
+    return None
+
+
+def prepare(folder: Path, work: Path, agent: str | None) -> tuple[Path, str]:
+    """The folder's stored rollouts and their inputs copied into ``work``; which inputs they are.
+    Stored rows without indices are numbered by line (NeMo Gym's reverify needs them). Where the
+    folder stores no materialized inputs, the stored rows less their results stand in, routed to
+    ``agent`` where they name none; the stored rollouts are left as they are otherwise, so a row
+    that only its materialized input routes stays so."""
+    data = folder / "data"
+    numbered = [
+        row if TASK_INDEX in row and ROLLOUT_INDEX in row else {**row, TASK_INDEX: i, ROLLOUT_INDEX: 0}
+        for i, row in enumerate(iter_jsonl(data / "example_rollouts.jsonl"))
+    ]
+    rollouts = work / "example_rollouts.jsonl"
+    write_jsonl(numbered, rollouts)
+    materialized = data / "example_rollouts_materialized_inputs.jsonl"
+    inputs = work / "example_rollouts_materialized_inputs.jsonl"
+    if materialized.is_file():
+        inputs.write_bytes(materialized.read_bytes())
+        return rollouts, MATERIALIZED
+    route = {"agent_ref": {"type": "responses_api_agents", "name": agent}} if agent else {}
+    write_jsonl([{**route, **{k: v for k, v in r.items() if k not in RESULTS}} for r in numbered], inputs)
+    return rollouts, STORED
+
+
+def nemo_gym_python() -> Path | None:
+    """An environment polygym built with nemo-gym in it (the reverify code is the same in each)."""
+    for env in sorted(env_cache().glob("py*")):
+        if (env / "bin" / "python").is_file() and list(env.glob("lib/python*/site-packages/nemo_gym")):
+            return env / "bin" / "python"
+    return None
+
+
+def _gym(*args: str) -> list[str]:
+    return [sys.executable, "-m", "polygym", *args]
+
+
+def _start(
+    root: Path, configs: list[Path], work: Path, deadline_s: float
+) -> tuple[subprocess.Popen[str], str]:
+    """``gym env start`` on any free port; its head URL once it says ready (else its log, raised)."""
+    args = ["env", "start", "--head-port", "0", "--nemo-gym-root", str(root)]
+    args += ["--model-type", "scripted_model"]
+    for config in configs:
+        args += ["--config", str(config)]
+    log = (work / "stack.log").open("w")
+    env = {**os.environ, CACHE_ENV_VAR: str(env_cache()), PYTHON_ENV_VAR: str(NEMO_GYM_PYTHON)}
+    stack = subprocess.Popen(
+        _gym(*args),
+        cwd=work,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        text = (work / "stack.log").read_text(errors="replace")
+        found = READY.search(text)
+        if found:
+            return stack, found.group(1)
+        if stack.poll() is not None:
+            break
+        time.sleep(1.0)
+    _stop(stack)
+    tail = (work / "stack.log").read_text(errors="replace").strip().splitlines()[-3:]
+    raise RuntimeError("stack did not start: " + " | ".join(tail))
+
+
+def _stop(stack: subprocess.Popen[str]) -> None:
+    if stack.poll() is None:
+        os.killpg(stack.pid, signal.SIGINT)
+        try:
+            stack.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(stack.pid, signal.SIGKILL)
+            stack.wait(timeout=30)
+
+
+def _rewards(path: Path) -> dict[tuple[int, int], float]:
+    return (
+        {_key(r): float(r["reward"]) for r in iter_jsonl(path) if isinstance(r.get("reward"), int | float)}
+        if path.is_file()
+        else {}
+    )
+
+
+def nemo_gym_reverify(python: Path, head: str, work: Path, timeout_s: float) -> dict[tuple[int, int], float]:
+    host, port = head.removeprefix("http://").split(":")
+    args = [
+        *(str(python), str(NEMO_GYM_REVERIFY), "+rollouts_jsonl_fpath=example_rollouts.jsonl"),
+        "+materialized_inputs_jsonl_fpath=example_rollouts_materialized_inputs.jsonl",
+        *("+output_jsonl_fpath=nemo_gym.jsonl", "++force=true"),
+        *(f"++head_server.host={host}", f"++head_server.port={port}"),
+    ]
+    done = subprocess.run(args, cwd=work, capture_output=True, text=True, timeout=timeout_s)
+    (work / "nemo_gym.log").write_text(done.stdout + done.stderr)
+    return _rewards(work / "unsafe_nemo_gym.jsonl") or _rewards(work / "nemo_gym.jsonl")
+
+
+def polygym_reverify(head: str, rollouts: Path, timeout_s: float) -> dict[tuple[int, int], float]:
+    args = ["eval", "reverify", "--no-serve", "--head-url", head, "--rollouts", str(rollouts)]
+    args += ["--force", "--max-failures", "100%", "--overwrite"]
+    done = subprocess.run(_gym(*args), cwd=rollouts.parent, capture_output=True, text=True, timeout=timeout_s)
+    (rollouts.parent / "polygym.log").write_text(done.stdout + done.stderr)
+    return _rewards(rollouts.with_name("example_rollouts_reverified.jsonl"))
+
+
+def replay(
+    root: Path,
+    folder: str,
+    config: Path,
+    work: Path,
+    judge: bool = False,
+    with_nemo_gym: bool = True,
+    start_s: float = 1800,
+) -> Replay:
+    """Both reverifies of ``folder``'s stored rollouts on one stack started from ``config``
+    (polygym's alone when not ``with_nemo_gym``: the catalogue test compares with recorded data)."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    rollouts, inputs = prepare(root / "resources_servers" / folder, work, config_agent(config))
+    result = Replay(folder, inputs)
+    for row in iter_jsonl(rollouts):
+        reward = row.get("reward")
+        result.stored[_key(row)] = float(reward) if isinstance(reward, int | float) else None
+    try:
+        stack, head = _start(root, [config, *([JUDGE_CONFIG] if judge else [])], work, start_s)
+    except RuntimeError as exc:
+        result.error = str(exc)
+        return result
+    try:
+        if with_nemo_gym:
+            python = nemo_gym_python()
+            if python is None:
+                result.error = f"no environment with nemo-gym under {env_cache()}"
+                return result
+            result.nemo_gym = nemo_gym_reverify(python, head, work, 300)
+        result.polygym = polygym_reverify(head, rollouts, 300)
+    finally:
+        _stop(stack)
+    return result
