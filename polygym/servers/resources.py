@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 from starlette.requests import Request
@@ -117,6 +117,10 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
     """
 
     kind: ClassVar[str] = RESOURCES_KIND
+    reverify_mode: ClassVar[Literal["stateless", "unsupported", "unknown"] | None] = None
+    """NeMo Gym's ``GET /reverify_mode``, served when set: ``stateless`` when ``verify`` reads only
+    the row and the response, so NeMo Gym's own reverify accepts the server without ``force``.
+    None (no route) keeps polygym's reverify, which seeds a session for each row, as it was."""
     cpu_worker_initializer: ClassVar[Callable[[], Any] | None] = None
     """Runs once in each new ``cpu_pool`` worker, before its first call: a module-level function that
     imports and warms what the calls need, so that a replacement worker (after a timeout killed one)
@@ -198,6 +202,8 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
             ),
             Route("/tools", self._list_tools, methods=["GET"]),
         ]
+        if type(self).reverify_mode is not None:
+            routes.append(Route("/reverify_mode", self._reverify_mode, methods=["GET"]))
         for name, spec in self.tools().items():
             routes.append(
                 Route(
@@ -285,6 +291,9 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
 
     async def _aggregate(self, body: AggregateMetricsRequest, request: Request) -> dict[str, Any]:
         return metrics.nemo_shape(self.aggregate_metrics(body.all_rollouts()))
+
+    async def _reverify_mode(self, request: Request) -> Response:
+        return json_response(type(self).reverify_mode)
 
     async def _list_tools(self, request: Request) -> Response:
         return json_response(self.tool_schemas())

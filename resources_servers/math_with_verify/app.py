@@ -78,6 +78,7 @@ class MathVerifyResponse(MathVerifyRequest, VerifyResponse):
 
 
 class MathWithVerify(ResourcesServer[MathWithVerifyConfig]):
+    reverify_mode = "stateless"  # verify reads only the row and the response
     cpu_worker_initializer = warm_up
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
