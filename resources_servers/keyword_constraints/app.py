@@ -79,6 +79,7 @@ def check(text: str, keyword: str, position: Position, max_words: int) -> dict[s
 
 class KeywordConstraints(ResourcesServer[KeywordConstraintsConfig]):
     reverify_mode = "stateless"  # verify reads only the row and the response
+
     async def verify(self, body: KeywordVerifyRequest) -> KeywordVerifyResponse:
         """Reward 1 iff the reply is one sentence, holds the keyword where asked and is short enough."""
         text = body.response.output_text()

@@ -203,6 +203,7 @@ def extract_letter(
 
 class Mcqa(ResourcesServer[McqaConfig]):
     reverify_mode = "stateless"  # verify reads only the row and the response
+
     async def verify(self, body: McqaVerifyRequest) -> McqaVerifyResponse:
         """Reward 1 iff the extracted option letter is ``expected_answer``, else 0."""
         options = normalize_options(body.options)
