@@ -6,12 +6,14 @@ registered — never by sleeping for a fixed time.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +21,13 @@ from typing import Any
 
 import psutil
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from polygym.jsonl import iter_jsonl
+from polygym.net.listen import AppServer, bind_socket
 from polygym.stack import records as stacks
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
 
@@ -143,6 +150,36 @@ def start_stack() -> Iterator[Any]:
         stack.stop()
 
 
+class ChatEndpoint:
+    """A Chat Completions endpoint on a thread of its own (``with``: started, then stopped), for
+    tests that need a policy URL outside the stack; a subclass answers in ``chat``."""
+
+    def __init__(self) -> None:
+        self.sock = bind_socket("127.0.0.1", 0)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
+        self.server = AppServer(app, self.sock)
+
+    @property
+    def url(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        return f"http://{host}:{port}/v1"
+
+    async def chat(self, request: Request) -> Response:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
 def gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -257,3 +294,21 @@ async def sdk_weather_round_trip(sdk: Any) -> Any:
         "It is snowing in Oslo.",
     )
     return first
+
+
+BOOM_APP = """
+from polygym.protocol import VerifyRequest, VerifyResponse
+from polygym.servers.resources import ResourcesServer
+
+
+class BoomVerifyRequest(VerifyRequest):
+    explode: bool = False
+
+
+class Boom(ResourcesServer):
+    async def verify(self, body: BoomVerifyRequest) -> VerifyResponse:
+        if body.explode:
+            raise RuntimeError("verifier exploded on purpose")
+        return VerifyResponse(**body.model_dump(), reward=1.0)
+"""
+"""A resources server whose verifier raises when the row says ``explode``."""

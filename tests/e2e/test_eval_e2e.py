@@ -27,7 +27,7 @@ from polygym.stack.catalog import selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.launcher import Stack
 from responses_api_models.scripted_model.app import ScriptedModel
-from tests.conftest import interrupt_gym, row_keys, run_gym, wait_until
+from tests.conftest import BOOM_APP, interrupt_gym, row_keys, run_gym, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -122,22 +122,6 @@ def test_bad_rows_and_unknown_agent_stop_the_run(tmp_path: Path) -> None:
     assert f"{data}:7: responses_create_params.input: missing" in result.stderr
     assert not (tmp_path / "out.jsonl").exists()
 
-
-BOOM_APP = """
-from polygym.protocol import VerifyRequest, VerifyResponse
-from polygym.servers.resources import ResourcesServer
-
-
-class BoomVerifyRequest(VerifyRequest):
-    explode: bool = False
-
-
-class Boom(ResourcesServer):
-    async def verify(self, body: BoomVerifyRequest) -> VerifyResponse:
-        if body.explode:
-            raise RuntimeError("verifier exploded on purpose")
-        return VerifyResponse(**body.model_dump(), reward=1.0)
-"""
 
 BOOM_CONFIG = """
 boom:

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from tests.conftest import ROOT
+from tests.conftest import BOOM_APP, ROOT
 
 TRL_EXAMPLE = ROOT / "examples" / "trainers" / "trl" / "nemo_gym_grpo.py"
 
@@ -49,21 +49,6 @@ parity_gymnasium_agent:
       action_mode: text
 """
 
-BOOM_APP = """
-from polygym.protocol import VerifyRequest, VerifyResponse
-from polygym.servers.resources import ResourcesServer
-
-
-class BoomVerifyRequest(VerifyRequest):
-    explode: bool = False
-
-
-class Boom(ResourcesServer):
-    async def verify(self, body: BoomVerifyRequest) -> VerifyResponse:
-        if body.explode:
-            raise RuntimeError("verifier exploded on purpose")
-        return VerifyResponse(**body.model_dump(), reward=1.0)
-"""
 
 BOOM_CONFIG = """
 boom:

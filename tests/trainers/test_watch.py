@@ -9,46 +9,31 @@ reward fell, by gym train run's --max-regression rule.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import orjson
 import pytest
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from polygym.jsonl import iter_jsonl
-from polygym.net.listen import AppServer, bind_socket
-from tests.conftest import gym_command, wait_until
+from tests.conftest import ChatEndpoint, gym_command, wait_until
 from tests.trainers.stacks import agent_row, write_environments, write_jsonl
 
 pytestmark = pytest.mark.e2e
 
 
-class SwitchablePolicy:
+class SwitchablePolicy(ChatEndpoint):
     """An OpenAI-compatible endpoint on its own thread; ``good`` decides what it answers."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.good = True
         self.calls = 0
-        self.sock = bind_socket("127.0.0.1", 0)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.server = AppServer(
-            Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])]), self.sock
-        )
-
-    @property
-    def url(self) -> str:
-        host, port = self.sock.getsockname()[:2]
-        return f"http://{host}:{port}/v1"
 
     async def chat(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
@@ -64,16 +49,6 @@ class SwitchablePolicy:
             "usage": {"prompt_tokens": 1, "completion_tokens": 1},
         }
         return Response(orjson.dumps(completion), media_type="application/json")
-
-    def __enter__(self) -> SwitchablePolicy:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 def curve(path: Path) -> list[tuple[int, str, float | None]]:

@@ -10,26 +10,22 @@ do, so the history no longer matches what was generated: the contiguity check mu
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from polygym.blend.spec import parse_spec
-from polygym.net.listen import AppServer, bind_socket
 from polygym.row import ALL_ENVS
 from polygym.training.collector import TokenCollector
 from polygym.training.tokens import TokenRollout
+from tests.conftest import ChatEndpoint
 
 pytestmark = pytest.mark.e2e
 
@@ -58,22 +54,13 @@ def answer(messages: list[dict[str, Any]]) -> str:
     return f"<guess>{turns + 1}</guess> "
 
 
-class FakeVLLM:
+class FakeVLLM(ChatEndpoint):
     """A Chat Completions server on its own thread, speaking vLLM's token-id extensions."""
 
     def __init__(self, drift: bool = False) -> None:
+        super().__init__()
         self.drift = drift
         self.requests: list[dict[str, Any]] = []
-        self.sock = bind_socket("127.0.0.1", 0)
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
-        self.server = AppServer(app, self.sock)
-
-    @property
-    def url(self) -> str:
-        host, port = self.sock.getsockname()[:2]
-        return f"http://{host}:{port}/v1"
 
     async def chat(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
@@ -96,16 +83,6 @@ class FakeVLLM:
         completion["choices"] = [choice]
         completion["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(generated)}
         return Response(orjson.dumps(completion), media_type="application/json")
-
-    def __enter__(self) -> FakeVLLM:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 @pytest.fixture
