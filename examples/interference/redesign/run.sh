@@ -22,7 +22,7 @@ if [ -z "${PYTHON:-}" ]; then
     if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
         PYTHON="$VIRTUAL_ENV/bin/python"
     elif [ -x ../../.venv/bin/python ]; then
-        PYTHON="$(realpath ../../.venv/bin/python)"
+        PYTHON="$(cd ../.. && pwd)/.venv/bin/python" # not realpath: it would follow the venv link out of the venv
     else
         PYTHON=python3
     fi
