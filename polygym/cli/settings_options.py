@@ -3,7 +3,7 @@ own flag, help and bounds), and the dataclass built back from what click parsed.
 
 The type of each option follows the field's annotation: ``bool`` is a flag, ``tuple[X, ...]`` is
 repeatable, a ``Literal`` is a choice, ``int``/``float`` with ``min``/``max`` a range, ``Path`` a
-path, and a field with its own ``parse`` is parsed by it; a default other than None/False/() is
+path, and a field with its own ``parse`` is parsed by it; a default other than None/False/()/"" is
 shown in ``--help`` (as ``str`` gives it).
 """
 
@@ -74,7 +74,7 @@ def _param(f: dataclasses.Field[Any], hint: Any, change: Mapping[str, Any]) -> C
     default = change.get("default", f.default)
     if default is not dataclasses.MISSING and not repeated:
         extra["default"] = default
-        extra["show_default"] = default is not None and default is not False
+        extra["show_default"] = default is not None and default is not False and default != ""
     if base is bool:
         extra["is_flag"] = True
     return click.option(
