@@ -27,9 +27,9 @@ from polygym.cli.base import (
 from polygym.cli.compare import compare_command
 from polygym.cli.health import health_check_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
-from polygym.cli.max_failures import end_of_run
 from polygym.cli.placement_options import refuse_when_joining
 from polygym.cli.reverify import reverify_command
+from polygym.cli.run_end import STACK_ERRORS, end_of_run, print_counts, print_interrupted, stack_error
 from polygym.cli.run_options import resume_command, stack_options, stack_target
 from polygym.cli.server_health import upstream_problems
 from polygym.cli.settings_options import settings_from, settings_options
@@ -41,14 +41,13 @@ from polygym.collect.health import QUARANTINED, HealthMonitor
 from polygym.collect.job_plan import MAX_NUM_REPEATS, JobPlan
 from polygym.collect.rollouts import MAX_CONCURRENCY
 from polygym.collect.row_overrides import ROW_PARAMS, RowOverrides, split_overrides
-from polygym.collect.run_files import RunFileError, RunFiles, done_keys
+from polygym.collect.run_files import RunFiles
 from polygym.collect.sampling import sampling_problems
 from polygym.collect.stack_watch import StackHealth
 from polygym.collect.task_source import TaskRoutes, head_task_routes, task_routes
 from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.settings import cli
-from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError, parse_override
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
@@ -313,12 +312,8 @@ async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
             finally:
                 watch.cancel()
                 await asyncio.gather(watch, return_exceptions=True)
-    except (LaunchError, ConfigError, RunFileError) as exc:
-        console(stderr=True).print("[red]error:[/]", escape(str(exc)))
-        return EXIT_USAGE if isinstance(exc, RunFileError | ConfigError) else EXIT_FAILURE
-    except ServerCallError as exc:
-        console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
-        return EXIT_FAILURE
+    except STACK_ERRORS as exc:
+        return stack_error(exc)
 
 
 async def _warn_unreachable_policies(client: ServerClient) -> None:
@@ -353,7 +348,7 @@ async def _collect(
     try:
         summary = await until_interrupted(work)
     except Interrupted:
-        _print_interrupted(files)
+        print_interrupted(files.output, "rollouts")
         return EXIT_INTERRUPTED
     _print_summary(files, summary, not settings.disable_aggregation)
     status = report_deaths(health, summary) if health is not None else None
@@ -376,25 +371,14 @@ def _print_quarantined(summary: RunSummary) -> None:
     )
 
 
-def _print_interrupted(files: RunFiles) -> None:
-    err = console(stderr=True)
-    err.print(f"[yellow]interrupted:[/] {len(done_keys(files.output))} rollouts are saved in {files.output}.")
-    err.print("resume with:", escape(resume_command()))
-
-
 def _print_summary(files: RunFiles, summary: RunSummary, aggregate: bool) -> None:
-    out = console()
     if aggregate:
         _print_metrics(files)
-    failed = ", ".join(f"{k}: {v}" for k, v in summary.failures_by_class.items())
     written = files.all() if aggregate else files.jsonl_files()
-    out.print(
-        f"{summary.succeeded} rollouts collected, {summary.skipped} already done, {summary.failed} failed"
-        + (f" ({failed})" if failed else "")
-        + f". Files: {', '.join(str(p) for p in written)}"
-    )
+    done = f"{summary.succeeded} rollouts collected"
+    print_counts(done, summary.skipped, summary.failed, summary.failures_by_class, written)
     if summary.failed:
-        out.print(
+        console().print(
             f"failed rollouts are listed in {files.failures}; rerun them with: {escape(resume_command())}"
         )
 

@@ -10,11 +10,11 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.cli.base import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, console, selector_options
+from polygym.cli.base import EXIT_INTERRUPTED, console, selector_options
 from polygym.cli.interrupt import Interrupted, until_interrupted
-from polygym.cli.max_failures import end_of_run
 from polygym.cli.placement_options import refuse_when_joining
-from polygym.cli.run_options import resume_command, stack_options, stack_target
+from polygym.cli.run_end import STACK_ERRORS, end_of_run, print_counts, print_interrupted, stack_error
+from polygym.cli.run_options import stack_options, stack_target
 from polygym.cli.settings_options import settings_from, settings_options
 from polygym.collect.reverify import (
     OUTCOMES,
@@ -23,12 +23,9 @@ from polygym.collect.reverify import (
     diff_path,
     reverify,
 )
-from polygym.collect.run_files import RunFileError, RunFiles, done_keys
+from polygym.collect.run_files import RunFiles
 from polygym.event_loop import run_async
-from polygym.net.client import ServerCallError
 from polygym.row import ALL_ENVS, env_label
-from polygym.stack.backend import LaunchError
-from polygym.stack.config import ConfigError
 from polygym.stack.session import StackSession, StackTarget
 
 
@@ -57,16 +54,10 @@ async def _reverify(target: StackTarget, settings: ReverifySettings) -> int:
             client = await session.connect()
             summary = await until_interrupted(reverify(client, settings))
     except Interrupted:
-        err = console(stderr=True)
-        err.print(f"[yellow]interrupted:[/] {len(done_keys(files.output))} rows are saved in {files.output}.")
-        err.print("resume with:", escape(resume_command()))
+        print_interrupted(files.output, "rows")
         return EXIT_INTERRUPTED
-    except (LaunchError, ConfigError, RunFileError) as exc:
-        console(stderr=True).print("[red]error:[/]", escape(str(exc)))
-        return EXIT_USAGE if isinstance(exc, RunFileError | ConfigError) else EXIT_FAILURE
-    except ServerCallError as exc:
-        console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
-        return EXIT_FAILURE
+    except STACK_ERRORS as exc:
+        return stack_error(exc)
     _print_diff(files, summary)
     unreadable = summary.unreadable
     failed = summary.failed + sum(unreadable.values())
@@ -84,13 +75,10 @@ def _print_diff(files: RunFiles, summary: ReverifySummary) -> None:
         table.add_row(env_label(env), *(str(summary.diff[env][name]) for name in OUTCOMES))
     out.print(table)
     total = summary.diff.get(ALL_ENVS, {})
-    failed = ", ".join(f"{k}: {v}" for k, v in summary.failures_by_class.items())
-    out.print(
-        f"{total.get('raised', 0) + total.get('lowered', 0)} rewards changed; {summary.verified} rows "
-        f"reverified, {summary.skipped} already done, {summary.failed} failed"
-        + (f" ({failed})" if failed else "")
-        + f". Diff: {diff_path(files.output)}. Files: {', '.join(str(p) for p in files.all())}"
-    )
+    changed = total.get("raised", 0) + total.get("lowered", 0)
+    done = f"{changed} rewards changed; {summary.verified} rows reverified"
+    diff = f"Diff: {diff_path(files.output)}. "
+    print_counts(done, summary.skipped, summary.failed, summary.failures_by_class, files.all(), diff)
     if summary.no_response:
         out.print(
             f"{summary.no_response} failed rows have no response to verify; "
