@@ -23,7 +23,8 @@ It writes what ``gym train run`` writes for its validations, in the same places 
 ``validation_before.jsonl`` (the baseline) and ``validation/step_N.jsonl`` (each a ``gym eval run``
 file set, which ``gym view`` opens), ``validation.jsonl`` (one line per environment and evaluation:
 step, env, eval_only, reward_mean, n), and TensorBoard scalars ``polygym/<env>/validation_reward``
-under ``tensorboard/`` when ``tensorboard`` is installed.
+under ``tensorboard/`` when ``tensorboard`` is installed; and ``run.json`` at the start, its
+settings (the API key left out), as ``gym train run`` does: the viewer reads the limits there.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from polygym.settings import cli
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
 from polygym.stack.session import StackSession, StackTarget
+from polygym.training.checkpoint import write_run_record
 from polygym.training.validation import (
     regressions,
     require_scored,
@@ -117,6 +119,12 @@ class WatchSettings:
         default=(), metadata=cli("More stack config files (repeatable).", "--config")
     )
     overrides: tuple[str, ...] = field(default=(), metadata=cli("", argument=True, metavar="[KEY=VALUE]..."))
+
+    def to_record(self) -> dict[str, Any]:
+        """The settings ``run.json`` records: all but the endpoint's API key (a secret)."""
+        record = dataclasses.asdict(self)
+        del record["policy_api_key"]
+        return record
 
     @property
     def every_s(self) -> float | None:
@@ -240,6 +248,7 @@ async def watch(settings: WatchSettings, echo: Callable[[str], None] = print) ->
         raise ValueError(f"--max-regression: no environment {', '.join(unknown)} in {settings.spec_path}")
     out = settings.output_dir
     out.mkdir(parents=True, exist_ok=True)
+    write_run_record(out, settings.to_record())
     agents = {env.name: env.agent for env in blend.environments}
     triggers = Triggers(settings.checkpoints, settings.every_s)
     loop = asyncio.get_running_loop()
