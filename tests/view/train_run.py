@@ -5,8 +5,8 @@ Two trained environments and one watched (``eval_only``) one, 24 steps, validati
 ``validation_after.jsonl``), the step log's lines in ``train_log.jsonl`` (the fields of the
 example run's, ``examples/train_grpo/results``), every training rollout in
 ``rollouts/train.jsonl``, ``run.json`` (the settings) first and ``summary.json`` at the end.
-The watched environment falls apart after step 8 (a validation regression alarm at 16 and 24); guess_number's step 5 raises the
-masked-share alarm. One validation answer is an XSS attempt.
+The watched environment falls apart after step 8 (a validation regression alarm at 16 and 24);
+guess_number's step 5 raises the masked-share alarm. One validation answer is an XSS attempt.
 
     python tests/view/train_run.py runs/train   # the whole run, for a look with gym view
 """
