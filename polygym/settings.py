@@ -9,7 +9,7 @@ apart. Plain data with no click in it, so the layers below the command line can 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 CLI_KEY = "polygym.cli"
@@ -28,10 +28,15 @@ class CliSpec:
     metavar: str | None = None
     min: float | None = None
     max: float | None = None
+    min_open: bool = False
+    """``min`` itself is refused (seconds that must be more than zero)."""
     choices: tuple[str, ...] = ()
     multiple: bool = False
     """Repeatable; implied by a ``tuple[...]`` field."""
     required: bool = False
+    parse: Callable[[str], object] | None = None
+    """Turns the text into the field's value, raising ``ValueError`` (with the message to show) on a
+    bad one: for a type of the project's own, such as ``--max-failures N|N%``."""
 
 
 def cli(
@@ -41,10 +46,12 @@ def cli(
     metavar: str | None = None,
     min: float | None = None,
     max: float | None = None,
+    min_open: bool = False,
     choices: tuple[str, ...] = (),
     multiple: bool = False,
     required: bool = False,
+    parse: Callable[[str], object] | None = None,
 ) -> Mapping[str, CliSpec]:
     """A field's ``metadata`` declaring its option: ``field(default=24, metadata=cli("Steps.", min=1))``."""
-    spec = CliSpec(help, flags, argument, metavar, min, max, choices, multiple, required)
+    spec = CliSpec(help, flags, argument, metavar, min, max, min_open, choices, multiple, required, parse)
     return {CLI_KEY: spec}

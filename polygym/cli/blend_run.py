@@ -17,7 +17,7 @@ from polygym.blend.spec import BlendSpec, BlendSpecError, load_spec
 from polygym.blend.stepwise import StepFiles, StepReport, StepSettings, environments_to_serve, run_steps
 from polygym.cli.base import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, console, fail, load_stack_config
 from polygym.cli.interrupt import Interrupted, until_interrupted
-from polygym.cli.max_failures import end_of_run
+from polygym.cli.run_end import end_of_run
 from polygym.collect.dataset import DatasetError
 from polygym.collect.failure_budget import NO_FAILURES, FailureBudget
 from polygym.collect.run_files import RunFileError

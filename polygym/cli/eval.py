@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,31 +27,27 @@ from polygym.cli.base import (
 from polygym.cli.compare import compare_command
 from polygym.cli.health import health_check_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
-from polygym.cli.max_failures import end_of_run, max_failures_option
 from polygym.cli.placement_options import refuse_when_joining
 from polygym.cli.reverify import reverify_command
-from polygym.cli.run_options import (
-    POSITIVE_SECONDS,
-    resume_command,
-    stack_options,
-    stack_target,
-)
+from polygym.cli.run_end import STACK_ERRORS, end_of_run, print_counts, print_interrupted, stack_error
+from polygym.cli.run_options import resume_command, stack_options, stack_target
 from polygym.cli.server_health import upstream_problems
+from polygym.cli.settings_options import settings_from, settings_options
 from polygym.cli.stack_deaths import report_deaths, server_deaths, server_needs
 from polygym.collect.dataset import DatasetError, load_jobs
 from polygym.collect.eval_run import RunSummary, run_eval
-from polygym.collect.failure_budget import NO_FAILURES, FailureBudget
-from polygym.collect.health import DEFAULT_QUARANTINE_MIN, DEFAULT_QUARANTINE_RATE, QUARANTINED, HealthMonitor
-from polygym.collect.job_plan import MAX_NUM_REPEATS, JobPlan, Materialization
-from polygym.collect.rollouts import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, MAX_CONCURRENCY, Limits
+from polygym.collect.eval_settings import SAMPLING_OPTIONS, EvalRunSettings, PerAgent
+from polygym.collect.health import QUARANTINED, HealthMonitor
+from polygym.collect.job_plan import MAX_NUM_REPEATS, JobPlan
+from polygym.collect.rollouts import MAX_CONCURRENCY
 from polygym.collect.row_overrides import ROW_PARAMS, RowOverrides, split_overrides
-from polygym.collect.run_files import RunFileError, RunFiles, done_keys
+from polygym.collect.run_files import RunFiles
 from polygym.collect.sampling import sampling_problems
 from polygym.collect.stack_watch import StackHealth
 from polygym.collect.task_source import TaskRoutes, head_task_routes, task_routes
 from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.stack.backend import LaunchError
+from polygym.settings import cli
 from polygym.stack.config import ConfigError, parse_override
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
@@ -70,136 +66,31 @@ eval_group.add_command(health_check_command, name="health-check")
 eval_group.add_command(reverify_command, name="reverify")
 
 
-def parse_per_agent(values: tuple[str, ...], flag: str, maximum: int) -> tuple[int | None, dict[str, int]]:
-    """``N`` sets the default, ``AGENT=N`` overrides it for one agent (both repeatable); each N is
-    1..``maximum``."""
-    default: int | None = None
-    per_agent: dict[str, int] = {}
-    for value in values:
-        name, sep, number = value.rpartition("=")
-        try:
-            parsed = int(number)
-        except ValueError:
-            raise click.BadParameter(f"'{value}' is not N or AGENT=N", param_hint=flag) from None
-        if not 1 <= parsed <= maximum:
-            raise click.BadParameter(f"'{value}' must be from 1 to {maximum}", param_hint=flag)
-        if sep:
-            per_agent[name] = parsed
-        else:
-            default = parsed
-    return default, per_agent
+@dataclass(frozen=True)
+class NemoGymEvalFlags:
+    """NeMo Gym's ``gym eval run`` flags that polygym accepts only to refuse by name (exit 2, the
+    reasons in ``NEMO_GYM_ONLY``): declared like settings so ``--help`` lists them."""
+
+    no_health_check: bool = field(default=False, metadata=cli("NeMo Gym's post-run health check: refused."))
+    health_check_workers: int | None = field(
+        default=None, metadata=cli("NeMo Gym's health-check workers: refused.")
+    )
+    health_check_ignore: tuple[str, ...] = field(
+        default=(), metadata=cli("NeMo Gym's health-check filter: refused.", metavar="CHECK")
+    )
+    split: str | None = field(
+        default=None, metadata=cli("NeMo Gym's dataset split: refused (pass the split's JSONL as --input).")
+    )
+    prompt_config: str | None = field(
+        default=None, metadata=cli("NeMo Gym's prompt template: refused (rows hold their prompts).")
+    )
 
 
 @eval_group.command("run")
 @selector_options
-@click.option("--input", "-i", "input_path", type=click.Path(path_type=Path), help="Dataset JSONL.")
-@click.option(
-    "--blend",
-    "blend_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Collect step by step from a blend spec instead of --input (needs --steps).",
-)
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="Steps to collect with --blend.")
-@click.option(
-    "--start-step",
-    type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="First step with --blend (--resume continues after the last finished step).",
-)
-@click.option(
-    "--step-timeout",
-    "step_timeout_s",
-    type=POSITIVE_SECONDS,
-    default=None,
-    help="Seconds per step with --blend; unfinished rollouts are recorded as stragglers.",
-)
-@click.option(
-    "--output", "-o", "output_path", type=click.Path(path_type=Path), help="Rollouts JSONL (required)."
-)
-@click.option(
-    "--agent", "-a", default=None, help="Agent for rows without agent_ref [default: the only agent]."
-)
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N rows.")
-@click.option(
-    "--num-repeats",
-    "num_repeats",
-    multiple=True,
-    metavar="N|AGENT=N",
-    help=f"Rollouts per row, at most {MAX_NUM_REPEATS:,} (repeatable; AGENT=N for one agent).",
-)
-@click.option(
-    "--concurrency",
-    multiple=True,
-    metavar="N|AGENT=N",
-    help=f"Rollouts in flight [default: {DEFAULT_CONCURRENCY}, at most {MAX_CONCURRENCY:,}]; "
-    "AGENT=N caps one agent.",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=POSITIVE_SECONDS,
-    default=DEFAULT_TIMEOUT_S,
-    show_default=True,
-    help="Seconds per rollout, retries included; a rollout still running then is cancelled.",
-)
-@click.option("--resume", is_flag=True, help="Finish an interrupted run: only the missing rollouts.")
-@click.option(
-    "--allow-stack-change",
-    is_flag=True,
-    help="With --resume: continue even if the policy or environments differ from the run's (recorded).",
-)
-@click.option("--overwrite", is_flag=True, help="Replace existing output files.")
-@max_failures_option
-@click.option(
-    "--quarantine-rate",
-    type=click.FloatRange(min=0, max=1, min_open=True),
-    default=DEFAULT_QUARANTINE_RATE,
-    show_default=True,
-    help="Stop an environment's rollouts once more than this share failed or was unhealthy "
-    "(see gym eval health-check); the others go on and the run exits 1. 1: never.",
-)
-@click.option(
-    "--quarantine-min",
-    type=click.IntRange(min=1),
-    default=DEFAULT_QUARANTINE_MIN,
-    show_default=True,
-    help="Rollouts of an environment seen before it can be quarantined.",
-)
+@settings_options(EvalRunSettings)
 @stack_options
-@click.option("--temperature", type=float, default=None, help="Override every row's temperature.")
-@click.option("--top-p", type=float, default=None, help="Override every row's top_p.")
-@click.option("--max-output-tokens", type=int, default=None, help="Override every row's max_output_tokens.")
-@click.option("--seed", type=int, default=None, help="Sampling seed; repeat r of a row uses SEED + r.")
-@click.option(
-    "--interleave-repeats",
-    is_flag=True,
-    help="Send the repeats round by round (abcabc), not each row's back to back (aabbcc).",
-)
-@click.option(
-    "--disable-aggregation", is_flag=True, help="Do not compute or write the aggregate metrics file."
-)
-@click.option("--no-health-check", is_flag=True, help="NeMo Gym's post-run health check: refused.")
-@click.option(
-    "--health-check-workers", type=int, default=None, help="NeMo Gym's health-check workers: refused."
-)
-@click.option(
-    "--health-check-ignore", multiple=True, metavar="CHECK", help="NeMo Gym's health-check filter: refused."
-)
-@click.option(
-    "--split", default=None, help="NeMo Gym's dataset split: refused (pass the split's JSONL as --input)."
-)
-@click.option(
-    "--prompt-config", default=None, help="NeMo Gym's prompt template: refused (rows hold their prompts)."
-)
-@click.option(
-    "--progress-interval",
-    type=POSITIVE_SECONDS,
-    default=10.0,
-    show_default=True,
-    help="Seconds between progress lines when not on a terminal.",
-)
+@settings_options(NemoGymEvalFlags)
 @click.pass_context
 def run(ctx: click.Context, **opts: Any) -> None:
     """Collect rollouts for every row of --input into --output (plus failures and metrics files).
@@ -221,14 +112,14 @@ def run(ctx: click.Context, **opts: Any) -> None:
     refuse_when_joining(ctx, opts)
     if opts["blend_path"] is not None:
         _refuse_with_blend(from_overrides)
-    settings = EvalRunSettings.from_options(opts)
-    if settings.blend is None:
+    settings = eval_settings(opts)
+    if settings.blend_path is None:
         sys.exit(run_async(_run(stack_target(opts), settings)))
     if settings.steps is None:
         fail("--blend needs --steps N", EXIT_USAGE)
     from polygym.cli.blend_run import load_spec_or_exit, run_blend  # blending's imports, for --blend only
 
-    spec = load_spec_or_exit(settings.blend)
+    spec = load_spec_or_exit(settings.blend_path)
     target = stack_target(opts, spec)
     sys.exit(
         run_async(
@@ -236,7 +127,7 @@ def run(ctx: click.Context, **opts: Any) -> None:
                 spec,
                 target,
                 settings.output,
-                settings.step_settings(),
+                _step_settings(settings),
                 settings.overwrite,
                 settings.max_failures,
             )
@@ -249,7 +140,7 @@ NOT_WITH_BLEND = {
     "num_repeats": f"{_NOT_WITH} the spec's responses_per_prompt sets the responses per prompt",
     "limit": f"{_NOT_WITH} the spec's prompts_per_step and --steps set how many rows are used",
     "agent": f"{_NOT_WITH} the spec names each environment's agent",
-    "progress_interval": f"{_NOT_WITH} one line is printed per finished step",
+    "progress_interval_s": f"{_NOT_WITH} one line is printed per finished step",
     "allow_stack_change": f"{_NOT_WITH} step-wise runs check their steps, not their stack",
     "quarantine_rate": f"{_NOT_WITH} every step keeps each environment's quota",
     "quarantine_min": f"{_NOT_WITH} every step keeps each environment's quota",
@@ -345,96 +236,42 @@ def _take_row_options(ctx: click.Context, opts: dict[str, Any], row: RowOverride
     return problems
 
 
-@dataclass(frozen=True)
-class EvalRunSettings:
-    """What one ``gym eval run`` collects and how: every collection option, parsed once.
-
-    Stack selection (selectors, ``--no-serve``, ``--backend``) is not here: it becomes the
-    ``StackTarget`` the run starts or joins.
-    """
-
-    output: Path
-    """Rollouts JSONL (``--output``); the failures, inputs and metrics files are written next to it."""
-    materialization: Materialization
-    """How rows become requests: ``--num-repeats``, the sampling overrides and ``--seed``."""
-    limits: Limits
-    """``--concurrency`` (global and per agent) and ``--timeout`` per rollout."""
-    resume: bool = False
-    overwrite: bool = False
-    allow_stack_change: bool = False
-    """With ``resume``: continue against a stack whose policy or environments changed (recorded)."""
-    max_failures: FailureBudget = NO_FAILURES
-    """Failed rollouts the run may end with and still exit 0 (with ``--blend`` stragglers count)."""
-    quarantine_rate: float = DEFAULT_QUARANTINE_RATE
-    quarantine_min: int = DEFAULT_QUARANTINE_MIN
-    """An environment is quarantined past ``quarantine_rate`` failed or unhealthy over this many."""
-    input: Path | None = None
-    """Dataset JSONL; exactly one of ``input`` and ``blend`` is set."""
-    agent: str | None = None
-    """Agent for rows without ``agent_ref`` (default: the only agent, if there is one)."""
-    limit: int | None = None
-    """Use only the first N rows of ``input``."""
-    progress_interval_s: float = 10.0
-    """Seconds between progress lines when not on a terminal."""
-    blend: Path | None = None
-    """Blend spec to collect step by step."""
-    steps: int | None = None
-    start_step: int = 0
-    step_timeout_s: float | None = None
-    aggregate: bool = True
-    """Write the aggregate metrics file (``--disable-aggregation``: no)."""
-
-    @classmethod
-    def from_options(cls, opts: dict[str, Any]) -> EvalRunSettings:
-        """Parse click's options (``N|AGENT=N`` values included); exits 2 on a bad value."""
-        repeats, repeats_by_agent = parse_per_agent(opts["num_repeats"], "--num-repeats", MAX_NUM_REPEATS)
-        concurrency, per_agent = parse_per_agent(opts["concurrency"], "--concurrency", MAX_CONCURRENCY)
-        flags = {key: opts[key] for key in SAMPLING_OPTIONS if opts[key] is not None}
-        sampling = {**opts.get("row_sampling", {}), **flags}
-        for key, problem in sampling_problems(sampling):
-            hint = f"--{key.replace('_', '-')}" if key in flags else f"{ROW_PARAMS_FLAG}{key}"
-            raise click.BadParameter(problem, param_hint=hint)
-        return cls(
-            output=opts["output_path"],
-            materialization=Materialization(
-                repeats or 1, repeats_by_agent, sampling, opts["seed"], opts["interleave_repeats"]
-            ),
-            limits=Limits(concurrency or DEFAULT_CONCURRENCY, per_agent, opts["timeout_s"]),
-            resume=opts["resume"],
-            overwrite=opts["overwrite"],
-            allow_stack_change=opts["allow_stack_change"],
-            max_failures=opts["max_failures"],
-            quarantine_rate=opts["quarantine_rate"],
-            quarantine_min=opts["quarantine_min"],
-            input=opts["input_path"],
-            agent=opts["agent"],
-            limit=opts["limit"],
-            progress_interval_s=opts["progress_interval"],
-            blend=opts["blend_path"],
-            steps=opts["steps"],
-            start_step=opts["start_step"],
-            step_timeout_s=opts["step_timeout_s"],
-            aggregate=not opts["disable_aggregation"],
-        )
-
-    def step_settings(self) -> StepSettings:
-        """The step-wise settings of a ``--blend`` run (``--resume`` continues after the last step)."""
-        from polygym.blend.stepwise import StepSettings
-        from polygym.cli.blend_run import next_step
-
-        assert self.steps is not None
-        start = next_step(self.output) if self.resume else self.start_step
-        sampling = dict(self.materialization.sampling)
-        return StepSettings(
-            self.steps, start, self.limits, self.step_timeout_s, sampling, self.materialization.seed
-        )
+def eval_settings(opts: dict[str, Any]) -> EvalRunSettings:
+    """The settings of click's options (``N|AGENT=N`` values parsed, the sampling fields of flags
+    and overrides checked); exits 2 naming the option of a bad value."""
+    per_agent = {}
+    for name, maximum in (("num_repeats", MAX_NUM_REPEATS), ("concurrency", MAX_CONCURRENCY)):
+        try:
+            per_agent[name] = PerAgent.parse(opts[name], maximum)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=f"--{name.replace('_', '-')}") from None
+    flags = {key: opts[key] for key in SAMPLING_OPTIONS if opts[key] is not None}
+    sampling = {**opts.get("row_sampling", {}), **flags}
+    for key, problem in sampling_problems(sampling):
+        hint = f"--{key.replace('_', '-')}" if key in flags else f"{ROW_PARAMS_FLAG}{key}"
+        raise click.BadParameter(problem, param_hint=hint)
+    return settings_from(EvalRunSettings, opts, sampling=sampling, **per_agent)
 
 
-SAMPLING_OPTIONS = ("temperature", "top_p", "max_output_tokens")
+def _step_settings(settings: EvalRunSettings) -> StepSettings:
+    """The step-wise settings of a ``--blend`` run (``--resume`` continues after the last step)."""
+    from polygym.blend.stepwise import StepSettings
+    from polygym.cli.blend_run import next_step
+
+    assert settings.steps is not None
+    start = next_step(settings.output) if settings.resume else settings.start_step
+    return StepSettings(
+        settings.steps,
+        start,
+        settings.limits,
+        settings.step_timeout_s,
+        dict(settings.sampling),
+        settings.seed,
+    )
 
 
 def _load(settings: EvalRunSettings, agents: list[str], routes: TaskRoutes | None = None) -> JobPlan:
-    assert settings.input is not None
+    assert settings.input_path is not None
     materialization = settings.materialization
     default_agent = settings.agent
     if default_agent is not None and default_agent not in agents:
@@ -442,7 +279,7 @@ def _load(settings: EvalRunSettings, agents: list[str], routes: TaskRoutes | Non
     if default_agent is None and len(agents) == 1:
         default_agent = agents[0]
     try:
-        plan = load_jobs(settings.input, agents, default_agent, settings.limit, materialization, routes)
+        plan = load_jobs(settings.input_path, agents, default_agent, settings.limit, materialization, routes)
     except DatasetError as exc:
         fail(str(exc), EXIT_USAGE)
     for agent in sorted(plan.agents() | set(materialization.repeats_by_agent)):
@@ -475,12 +312,8 @@ async def _run(target: StackTarget, settings: EvalRunSettings) -> int:
             finally:
                 watch.cancel()
                 await asyncio.gather(watch, return_exceptions=True)
-    except (LaunchError, ConfigError, RunFileError) as exc:
-        console(stderr=True).print("[red]error:[/]", escape(str(exc)))
-        return EXIT_USAGE if isinstance(exc, RunFileError | ConfigError) else EXIT_FAILURE
-    except ServerCallError as exc:
-        console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
-        return EXIT_FAILURE
+    except STACK_ERRORS as exc:
+        return stack_error(exc)
 
 
 async def _warn_unreachable_policies(client: ServerClient) -> None:
@@ -510,14 +343,14 @@ async def _collect(
         settings.allow_stack_change,
         health,
         HealthMonitor(settings.quarantine_rate, settings.quarantine_min, keep_findings=False),
-        settings.aggregate,
+        not settings.disable_aggregation,
     )
     try:
         summary = await until_interrupted(work)
     except Interrupted:
-        _print_interrupted(files)
+        print_interrupted(files.output, "rollouts")
         return EXIT_INTERRUPTED
-    _print_summary(files, summary, settings.aggregate)
+    _print_summary(files, summary, not settings.disable_aggregation)
     status = report_deaths(health, summary) if health is not None else None
     if status is None and summary.health.quarantined:
         _print_quarantined(summary)
@@ -538,25 +371,14 @@ def _print_quarantined(summary: RunSummary) -> None:
     )
 
 
-def _print_interrupted(files: RunFiles) -> None:
-    err = console(stderr=True)
-    err.print(f"[yellow]interrupted:[/] {len(done_keys(files.output))} rollouts are saved in {files.output}.")
-    err.print("resume with:", escape(resume_command()))
-
-
 def _print_summary(files: RunFiles, summary: RunSummary, aggregate: bool) -> None:
-    out = console()
     if aggregate:
         _print_metrics(files)
-    failed = ", ".join(f"{k}: {v}" for k, v in summary.failures_by_class.items())
     written = files.all() if aggregate else files.jsonl_files()
-    out.print(
-        f"{summary.succeeded} rollouts collected, {summary.skipped} already done, {summary.failed} failed"
-        + (f" ({failed})" if failed else "")
-        + f". Files: {', '.join(str(p) for p in written)}"
-    )
+    done = f"{summary.succeeded} rollouts collected"
+    print_counts(done, summary.skipped, summary.failed, summary.failures_by_class, written)
     if summary.failed:
-        out.print(
+        console().print(
             f"failed rollouts are listed in {files.failures}; rerun them with: {escape(resume_command())}"
         )
 

@@ -4,101 +4,34 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
-from polygym.cli.base import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_USAGE, console, selector_options
+from polygym.cli.base import EXIT_INTERRUPTED, console, selector_options
 from polygym.cli.interrupt import Interrupted, until_interrupted
-from polygym.cli.max_failures import end_of_run, max_failures_option
 from polygym.cli.placement_options import refuse_when_joining
-from polygym.cli.run_options import POSITIVE_SECONDS, resume_command, stack_options, stack_target
-from polygym.collect.failure_budget import FailureBudget
+from polygym.cli.run_end import STACK_ERRORS, end_of_run, print_counts, print_interrupted, stack_error
+from polygym.cli.run_options import stack_options, stack_target
+from polygym.cli.settings_options import settings_from, settings_options
 from polygym.collect.reverify import (
-    DEFAULT_VERIFY_TIMEOUT_S,
     OUTCOMES,
     ReverifySettings,
     ReverifySummary,
     diff_path,
     reverify,
 )
-from polygym.collect.rollouts import DEFAULT_CONCURRENCY, MAX_CONCURRENCY
-from polygym.collect.run_files import RunFileError, RunFiles, done_keys
+from polygym.collect.run_files import RunFiles
 from polygym.event_loop import run_async
-from polygym.net.client import ServerCallError
 from polygym.row import ALL_ENVS, env_label
-from polygym.stack.backend import LaunchError
-from polygym.stack.config import ConfigError
 from polygym.stack.session import StackSession, StackTarget
 
 
 @click.command("reverify")
 @selector_options
-@click.option(
-    "--rollouts",
-    "rollouts_path",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Rollouts JSONL of a gym eval run (read only; its _failures.jsonl is read too).",
-)
-@click.option(
-    "--output",
-    "-o",
-    "output_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Reverified rollouts JSONL [default: X_reverified.jsonl next to --rollouts X.jsonl].",
-)
-@click.option(
-    "--inputs",
-    "inputs_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="The run's materialized inputs [default: X_materialized_inputs.jsonl when it exists].",
-)
-@click.option(
-    "--failed-only",
-    "--judge-failed-only",
-    "failed_only",
-    is_flag=True,
-    help="Reverify only rows whose verification failed (failures with a response, judge_failed rows); "
-    "carry the others unchanged.",
-)
-@click.option("--resume", is_flag=True, help="Finish an interrupted reverify: only the missing rows.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing reverified output.")
-@click.option(
-    "--force",
-    is_flag=True,
-    help="Reverify also against servers whose reverify_mode is unsupported or unknown.",
-)
-@click.option(
-    "--allow-stack-change",
-    is_flag=True,
-    help="With --resume: continue even if the policy or environments differ from the run's (recorded).",
-)
-@max_failures_option
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1, max=MAX_CONCURRENCY),
-    default=DEFAULT_CONCURRENCY,
-    show_default=True,
-    help="Verifications in flight.",
-)
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Reverify only the first N rows.")
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=POSITIVE_SECONDS,
-    default=DEFAULT_VERIFY_TIMEOUT_S,
-    show_default=True,
-    help="Seconds per row (seed, verify, retries).",
-)
-@click.option(
-    "--disable-aggregation", is_flag=True, help="Do not compute or write the aggregate metrics file."
-)
+@settings_options(ReverifySettings)
 @stack_options
 @click.pass_context
 def reverify_command(ctx: click.Context, **opts: Any) -> None:
@@ -109,46 +42,27 @@ def reverify_command(ctx: click.Context, **opts: Any) -> None:
     writes results/out_reverified.jsonl (+ _failures, _aggregate_metrics) and results/out_reverify_diff.json;
     results/out.jsonl and its files are never changed.
     """
-    settings = ReverifySettings(
-        rollouts=opts["rollouts_path"],
-        output=opts["output_path"],
-        materialized=opts["inputs_path"],
-        failed_only=opts["failed_only"],
-        resume=opts["resume"],
-        overwrite=opts["overwrite"],
-        force=opts["force"],
-        allow_stack_change=opts["allow_stack_change"],
-        concurrency=opts["concurrency"],
-        timeout_s=opts["timeout_s"],
-        limit=opts["limit"],
-        aggregate=not opts["disable_aggregation"],
-    )
+    settings = settings_from(ReverifySettings, opts)
     refuse_when_joining(ctx, opts)
-    sys.exit(run_async(_reverify(stack_target(opts), settings, opts["max_failures"])))
+    sys.exit(run_async(_reverify(stack_target(opts), settings)))
 
 
-async def _reverify(target: StackTarget, settings: ReverifySettings, max_failures: FailureBudget) -> int:
+async def _reverify(target: StackTarget, settings: ReverifySettings) -> int:
     try:
         files = settings.files()
         async with StackSession(target, settings.concurrency) as session:
             client = await session.connect()
             summary = await until_interrupted(reverify(client, settings))
     except Interrupted:
-        err = console(stderr=True)
-        err.print(f"[yellow]interrupted:[/] {len(done_keys(files.output))} rows are saved in {files.output}.")
-        err.print("resume with:", escape(resume_command()))
+        print_interrupted(files.output, "rows")
         return EXIT_INTERRUPTED
-    except (LaunchError, ConfigError, RunFileError) as exc:
-        console(stderr=True).print("[red]error:[/]", escape(str(exc)))
-        return EXIT_USAGE if isinstance(exc, RunFileError | ConfigError) else EXIT_FAILURE
-    except ServerCallError as exc:
-        console(stderr=True).print("[red]error:[/]", escape(f"cannot reach the stack: {exc}"))
-        return EXIT_FAILURE
+    except STACK_ERRORS as exc:
+        return stack_error(exc)
     _print_diff(files, summary)
     unreadable = summary.unreadable
     failed = summary.failed + sum(unreadable.values())
     by_class = summary.failures_by_class + unreadable
-    return end_of_run(max_failures, failed, summary.verified + failed, by_class, "rows")
+    return end_of_run(settings.max_failures, failed, summary.verified + failed, by_class, "rows")
 
 
 def _print_diff(files: RunFiles, summary: ReverifySummary) -> None:
@@ -161,13 +75,10 @@ def _print_diff(files: RunFiles, summary: ReverifySummary) -> None:
         table.add_row(env_label(env), *(str(summary.diff[env][name]) for name in OUTCOMES))
     out.print(table)
     total = summary.diff.get(ALL_ENVS, {})
-    failed = ", ".join(f"{k}: {v}" for k, v in summary.failures_by_class.items())
-    out.print(
-        f"{total.get('raised', 0) + total.get('lowered', 0)} rewards changed; {summary.verified} rows "
-        f"reverified, {summary.skipped} already done, {summary.failed} failed"
-        + (f" ({failed})" if failed else "")
-        + f". Diff: {diff_path(files.output)}. Files: {', '.join(str(p) for p in files.all())}"
-    )
+    changed = total.get("raised", 0) + total.get("lowered", 0)
+    done = f"{changed} rewards changed; {summary.verified} rows reverified"
+    diff = f"Diff: {diff_path(files.output)}. "
+    print_counts(done, summary.skipped, summary.failed, summary.failures_by_class, files.all(), diff)
     if summary.no_response:
         out.print(
             f"{summary.no_response} failed rows have no response to verify; "

@@ -66,10 +66,6 @@ def resume_command(argv: Sequence[str] | None = None) -> str:
     return f"{command} {MASKED_NOTE}" if shown != words else command
 
 
-POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
-"""Seconds that must be more than zero: a zero timeout cannot be honoured, and must not mean a default."""
-
-
 def stack_target(opts: dict[str, Any], spec: BlendSpec | None = None) -> StackTarget:
     """The running stack (``--no-serve``) or the one to start from the selectors (and ``spec``)."""
     if opts["no_serve"]:

@@ -3,7 +3,8 @@ own flag, help and bounds), and the dataclass built back from what click parsed.
 
 The type of each option follows the field's annotation: ``bool`` is a flag, ``tuple[X, ...]`` is
 repeatable, a ``Literal`` is a choice, ``int``/``float`` with ``min``/``max`` a range, ``Path`` a
-path; a default other than None/False/() is shown in ``--help``.
+path, and a field with its own ``parse`` is parsed by it; a default other than None/False/()/"" is
+shown in ``--help`` (as ``str`` gives it).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _param(f: dataclasses.Field[Any], hint: Any, change: Mapping[str, Any]) -> C
     default = change.get("default", f.default)
     if default is not dataclasses.MISSING and not repeated:
         extra["default"] = default
-        extra["show_default"] = default is not None and default is not False
+        extra["show_default"] = default is not None and default is not False and default != ""
     if base is bool:
         extra["is_flag"] = True
     return click.option(
@@ -98,6 +99,8 @@ def _unwrap(hint: Any) -> tuple[Any, bool]:
 
 
 def _click_type(base: Any, spec: CliSpec) -> Any:
+    if spec.parse is not None:
+        return _Parsed(base, spec.parse)
     if spec.choices or typing.get_origin(base) is typing.Literal:
         return click.Choice(spec.choices or typing.get_args(base))
     bounded = spec.min is not None or spec.max is not None
@@ -105,7 +108,25 @@ def _click_type(base: Any, spec: CliSpec) -> Any:
         low, high = (None if b is None else int(b) for b in (spec.min, spec.max))
         return click.IntRange(min=low, max=high) if bounded else int
     if base is float:
-        return click.FloatRange(min=spec.min, max=spec.max) if bounded else float
+        return click.FloatRange(min=spec.min, max=spec.max, min_open=spec.min_open) if bounded else float
     if base is Path:
         return click.Path(path_type=Path)
     return None
+
+
+class _Parsed(click.ParamType):
+    """A field's own ``parse``: a ``ValueError`` exits 2 naming the option; a value that is already
+    the field's type (its default) is kept."""
+
+    def __init__(self, kind: Any, parse: Callable[[str], object]) -> None:
+        self.kind = kind
+        self.parse = parse
+        self.name = getattr(kind, "__name__", "value")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(self.kind, type) and isinstance(value, self.kind):
+            return value
+        try:
+            return self.parse(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
+from polygym.settings import cli
+
 MAX_FAILURES_HELP = (
     "Failed rollouts the run may end with and still exit 0: a count (N) or a share of the rollouts "
     "it sent (N%, e.g. 5%). Any more and it exits 1."
@@ -63,6 +65,10 @@ class FailureBudget:
             raise FailureBudgetError(f"'{text}' must be at least 0")
         return cls(count=count, text=value)
 
+    def __str__(self) -> str:
+        """As the user wrote it (``--help`` shows the default so)."""
+        return self.text
+
     def allows(self, failed: int, sent: int) -> bool:
         """Whether ``failed`` of ``sent`` rollouts is within the budget (a rate over 0 sent allows all)."""
         if self.share is None:
@@ -89,3 +95,8 @@ class FailureBudget:
 
 NO_FAILURES = FailureBudget()
 """The default: any failed rollout makes the run exit 1."""
+
+
+MAX_FAILURES = cli(MAX_FAILURES_HELP, metavar="N|N%", parse=FailureBudget.parse)
+"""``--max-failures N|N%`` of every command that runs rollouts (``polygym.settings``): a
+``max_failures: FailureBudget`` field with ``NO_FAILURES`` as its default carries it."""

@@ -37,7 +37,9 @@ import orjson
 
 from polygym import row as rows
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
-from polygym.collect.rollouts import DEFAULT_CONCURRENCY, Limits, Result, collect
+from polygym.collect.eval_settings import ALLOW_STACK_CHANGE, DISABLE_AGGREGATION
+from polygym.collect.failure_budget import MAX_FAILURES, NO_FAILURES, FailureBudget
+from polygym.collect.rollouts import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, Limits, Result, collect
 from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, done_keys, prepare
 from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
@@ -48,6 +50,7 @@ from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
 from polygym.row import ALL_ENVS, FAILURE_CLASS_FIELDS, ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.servers.judge import JUDGE_FAILED
+from polygym.settings import cli
 from polygym.suggest import unknown_name_message
 
 REVERIFIED = "_reverified.jsonl"
@@ -346,24 +349,60 @@ async def unsupported_servers(client: ServerClient, servers: Iterable[str]) -> l
 
 @dataclass
 class ReverifySettings:
-    """Everything one ``gym eval reverify`` is told, parsed once (the stack target aside)."""
+    """Everything one ``gym eval reverify`` is told, each setting declared once (``polygym.settings``:
+    ``polygym.cli.reverify`` generates the options from these fields, in this order); the stack
+    target aside."""
 
-    rollouts: Path
-    output: Path | None = None
-    """Default ``X_reverified.jsonl``."""
-    materialized: Path | None = None
-    """The run's materialized inputs (default ``X_materialized_inputs.jsonl`` when it exists)."""
-    failed_only: bool = False
-    resume: bool = False
-    overwrite: bool = False
-    force: bool = False
-    allow_stack_change: bool = False
-    concurrency: int = DEFAULT_CONCURRENCY
-    timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S
-    limit: int | None = None
+    rollouts: Path = field(
+        metadata=cli(
+            "Rollouts JSONL of a gym eval run (read only; its _failures.jsonl is read too).",
+            required=True,
+        )
+    )
+    output: Path | None = field(
+        default=None,
+        metadata=cli(
+            "Reverified rollouts JSONL [default: X_reverified.jsonl next to --rollouts X.jsonl].",
+            "--output",
+            "-o",
+        ),
+    )
+    materialized: Path | None = field(
+        default=None,
+        metadata=cli(
+            "The run's materialized inputs [default: X_materialized_inputs.jsonl when it exists].", "--inputs"
+        ),
+    )
+    failed_only: bool = field(
+        default=False,
+        metadata=cli(
+            "Reverify only rows whose verification failed (failures with a response, judge_failed rows); "
+            "carry the others unchanged.",
+            "--failed-only",
+            "--judge-failed-only",
+        ),
+    )
+    resume: bool = field(
+        default=False, metadata=cli("Finish an interrupted reverify: only the missing rows.")
+    )
+    overwrite: bool = field(default=False, metadata=cli("Replace an existing reverified output."))
+    force: bool = field(
+        default=False,
+        metadata=cli("Reverify also against servers whose reverify_mode is unsupported or unknown."),
+    )
+    allow_stack_change: bool = field(default=False, metadata=ALLOW_STACK_CHANGE)
+    max_failures: FailureBudget = field(default=NO_FAILURES, metadata=MAX_FAILURES)
+    concurrency: int = field(
+        default=DEFAULT_CONCURRENCY, metadata=cli("Verifications in flight.", min=1, max=MAX_CONCURRENCY)
+    )
+    limit: int | None = field(default=None, metadata=cli("Reverify only the first N rows.", min=1))
     """Reverify at most this many rows (rows carried by ``failed_only`` are all kept)."""
-    aggregate: bool = True
-    """Write ``X_reverified_aggregate_metrics.json`` (NeMo Gym's ``--disable-aggregation`` turns it off)."""
+    timeout_s: float = field(
+        default=DEFAULT_VERIFY_TIMEOUT_S,
+        metadata=cli("Seconds per row (seed, verify, retries).", "--timeout", min=0, min_open=True),
+    )
+    disable_aggregation: bool = field(default=False, metadata=DISABLE_AGGREGATION)
+    """No ``X_reverified_aggregate_metrics.json`` (NeMo Gym's ``--disable-aggregation``)."""
 
     def files(self) -> RunFiles:
         output = self.output or reverified_path(self.rollouts)
@@ -448,7 +487,7 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
             async for result in collect(todo, client, limits, call=verifier):
                 _record(result, writer, summary)
         summary.diff = write_diff(settings.rollouts, plan, files, forced)
-        if settings.aggregate:
+        if not settings.disable_aggregation:
             await write_aggregate_metrics(files, client, RunSummary(summary.total, summary.skipped))
     return summary
 

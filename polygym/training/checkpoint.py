@@ -83,11 +83,17 @@ def latest_checkpoint(trainer_dir: Path) -> tuple[Path, int] | None:
     return folder, step
 
 
+def write_run_record(output: Path, settings: dict[str, Any]) -> None:
+    """``run.json``: the run's settings, written before its first validation, so what reads the
+    folder while the run goes (the viewer: its ``--max-regression`` limits) knows them."""
+    (output / RUN_RECORD).write_text(json.dumps({"settings": settings}, indent=2, default=str))
+
+
 def start_fresh(output: Path, trainer_dir: Path, settings: dict[str, Any]) -> None:
     """Record a new run's settings and remove the checkpoints of any earlier run in ``output``:
     a resume must never continue from a checkpoint of another run (the trainer would also count
     them among the ones it keeps)."""
-    (output / RUN_RECORD).write_text(json.dumps({"settings": settings}, indent=2))
+    write_run_record(output, settings)
     for folder in trainer_dir.glob("checkpoint-*") if trainer_dir.is_dir() else ():
         if _CHECKPOINT_DIR.fullmatch(folder.name) and folder.is_dir():
             shutil.rmtree(folder)

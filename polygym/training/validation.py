@@ -68,8 +68,12 @@ class EnvironmentFailing(RuntimeError):
     """
 
 
-def require_scored(rewards: dict[str, list[float]], output: Path, blend: Blend) -> None:
-    """Raise :class:`EnvironmentFailing` when an environment has no scored validation rollout."""
+def require_scored(
+    rewards: dict[str, list[float]], output: Path, blend: Blend, hint: str = "stopped before training"
+) -> None:
+    """Raise :class:`EnvironmentFailing` when an environment has no scored validation rollout,
+    naming each such environment's first failure; ``hint`` says what the caller does about it
+    (``gym train run`` stops before training, ``gym train watch`` has no baseline)."""
     dead = [env for env, values in rewards.items() if not values]
     if not dead:
         return
@@ -81,7 +85,7 @@ def require_scored(rewards: dict[str, list[float]], output: Path, blend: Blend) 
         if env in dead and env not in first:
             first[env] = f"{failure.get('error_class')}: {failure.get('error')}"
     found = (f"{env}: no validation rollout was scored ({first.get(env, 'none recorded')})" for env in dead)
-    raise EnvironmentFailing("; ".join(found) + f"; stopped before training (failures in {failures})")
+    raise EnvironmentFailing("; ".join(found) + f"; {hint} (failures in {failures})")
 
 
 def mean_rewards(rewards: dict[str, list[float]]) -> dict[str, float]:

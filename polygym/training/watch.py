@@ -23,7 +23,8 @@ It writes what ``gym train run`` writes for its validations, in the same places 
 ``validation_before.jsonl`` (the baseline) and ``validation/step_N.jsonl`` (each a ``gym eval run``
 file set, which ``gym view`` opens), ``validation.jsonl`` (one line per environment and evaluation:
 step, env, eval_only, reward_mean, n), and TensorBoard scalars ``polygym/<env>/validation_reward``
-under ``tensorboard/`` when ``tensorboard`` is installed.
+under ``tensorboard/`` when ``tensorboard`` is installed; and ``run.json`` at the start, its
+settings (the API key left out), as ``gym train run`` does: the viewer reads the limits there.
 """
 
 from __future__ import annotations
@@ -53,37 +54,82 @@ from polygym.collect.run_files import RunFiles
 from polygym.jsonl import append_jsonl, iter_jsonl
 from polygym.net.client import ServerClient
 from polygym.row import reward
+from polygym.settings import cli
 from polygym.stack.catalog import selector_paths
 from polygym.stack.config import StackConfig, load_config
 from polygym.stack.session import StackSession, StackTarget
-from polygym.training.validation import regressions, validation_file, validation_jobs, validation_lines
+from polygym.training.checkpoint import write_run_record
+from polygym.training.validation import (
+    regressions,
+    require_scored,
+    validation_file,
+    validation_jobs,
+    validation_lines,
+)
 
 OnAlarm = Literal["exit", "continue"]
+
+NO_BASELINE = "no baseline to watch against: is the policy endpoint up?"
+"""What the watch says when an environment scored nothing at the start (it refuses to go on)."""
 POLL_S = 0.2
 HOOK_TIMEOUT_S = 300.0
 _NUMBER = re.compile(r"\d+")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WatchSettings:
-    spec_path: Path
-    output_dir: Path
-    policy_url: str
-    """The trainer's OpenAI-compatible base URL (``http://host:8000/v1``)."""
-    policy_model: str
-    policy_api_key: str = ""
-    checkpoints: Path | None = None
-    every_s: float | None = None
-    max_regression: dict[str, float] = field(default_factory=dict)
-    on_alarm: OnAlarm = "exit"
-    hook: str | None = None
-    max_evaluations: int | None = None
+    """What ``gym train watch`` watches and how, each setting declared once (``polygym.settings``):
+    ``polygym.cli.watch`` generates the command's options from these fields, in this order."""
+
+    spec_path: Path = field(metadata=cli("", argument=True, metavar="SPEC"))
+    policy_url: str = field(
+        metadata=cli("The trainer's OpenAI-compatible base URL (http://host:8000/v1).", required=True)
+    )
+    policy_model: str = field(metadata=cli("The model name the policy endpoint serves.", required=True))
+    policy_api_key: str = field(default="", metadata=cli("API key of the policy endpoint, if it wants one."))
+    output_dir: Path = field(metadata=cli("Folder to write.", "--output", "-o", required=True))
+    checkpoints: Path | None = field(
+        default=None,
+        metadata=cli(
+            "Evaluate when a new entry appears in this folder (labelled with the last number in its name).",
+            metavar="DIRECTORY",
+        ),
+    )
+    every_minutes: float | None = field(
+        default=None, metadata=cli("Also evaluate every N minutes.", min=0, min_open=True)
+    )
+    max_regression: dict[str, float] = field(
+        default_factory=dict,
+        metadata=cli("As gym train run's (repeatable).", multiple=True, metavar="ENV=DELTA"),
+    )
+    on_alarm: OnAlarm = field(default="exit", metadata=cli("exit: stop at the first alarm."))
+    hook: str | None = field(
+        default=None, metadata=cli("Command run on an alarm, the alarms as JSON in POLYGYM_ALARMS.")
+    )
+    max_evaluations: int | None = field(
+        default=None, metadata=cli("Stop after N evaluations past the baseline.", min=0)
+    )
     """Evaluations after the baseline before the watch ends (None: until interrupted)."""
-    validation_limit: int | None = None
-    max_output_tokens: int | None = None
-    concurrency: int = 64
-    configs: tuple[str, ...] = ()
-    overrides: tuple[str, ...] = ()
+    validation_limit: int | None = field(
+        default=None, metadata=cli("Validation rows per environment.", min=1)
+    )
+    max_output_tokens: int | None = field(default=None, metadata=cli("Per request.", min=1))
+    concurrency: int = field(default=64, metadata=cli("Rollouts in flight at once.", min=1))
+    configs: tuple[str, ...] = field(
+        default=(), metadata=cli("More stack config files (repeatable).", "--config")
+    )
+    overrides: tuple[str, ...] = field(default=(), metadata=cli("", argument=True, metavar="[KEY=VALUE]..."))
+
+    def to_record(self) -> dict[str, Any]:
+        """The settings ``run.json`` records: all but the endpoint's API key (a secret)."""
+        record = dataclasses.asdict(self)
+        del record["policy_api_key"]
+        return record
+
+    @property
+    def every_s(self) -> float | None:
+        """``--every-minutes`` in seconds, the clock's period."""
+        return None if self.every_minutes is None else self.every_minutes * 60
 
 
 @dataclass
@@ -202,6 +248,7 @@ async def watch(settings: WatchSettings, echo: Callable[[str], None] = print) ->
         raise ValueError(f"--max-regression: no environment {', '.join(unknown)} in {settings.spec_path}")
     out = settings.output_dir
     out.mkdir(parents=True, exist_ok=True)
+    write_run_record(out, settings.to_record())
     agents = {env.name: env.agent for env in blend.environments}
     triggers = Triggers(settings.checkpoints, settings.every_s)
     loop = asyncio.get_running_loop()
@@ -221,7 +268,7 @@ async def watch(settings: WatchSettings, echo: Callable[[str], None] = print) ->
                 result.evaluations.append(label)
                 echo(f"step {label}: " + ", ".join(_mean_text(line) for line in lines))
                 if label == 0:
-                    _require_scored(rewards, out)
+                    require_scored(rewards, validation_file(out, 0), blend, NO_BASELINE)
                 found = [alarm_record(r) for r in _judge(label, out, settings, agents)] if label else []
                 if found:
                     result.alarms.extend(found)
@@ -259,17 +306,6 @@ def _judge(label: int, out: Path, settings: WatchSettings, agents: dict[str, str
     return regressions(
         label, validation_file(out, 0), validation_file(out, label), settings.max_regression, agents
     )
-
-
-def _require_scored(rewards: dict[str, list[float]], out: Path) -> None:
-    """A baseline with an environment none of whose rollouts was scored is no baseline: refuse."""
-    dead = [env for env, values in rewards.items() if not values]
-    if dead:
-        failures = RunFiles(validation_file(out, 0)).failures
-        raise RuntimeError(
-            f"baseline: no validation rollout of {', '.join(dead)} was scored (failures in {failures}); "
-            "is the policy endpoint up?"
-        )
 
 
 def _mean_text(line: dict[str, Any]) -> str:

@@ -9,14 +9,16 @@ A training folder holds, and gains while the run goes:
   (the last point); the viewer opens each as a run of its own, so every point links to its rollouts;
 * ``train_log.jsonl``: one line per step and environment with the planned and realized shares,
   the reward and the masked-share alarm (``masked_alarm``);
-* ``summary.json`` once the run has ended (its ``--max-regression`` limits and alarms).
+* ``run.json`` from the start: the run's settings, its ``--max-regression`` limits among them
+  (``gym train run`` and ``gym train watch`` write it before the first validation);
+* ``summary.json`` once the run has ended.
 
 Alarms are shown as they fire: a masked-share alarm from the step log, and a validation
 regression by the trainer's own rule (``polygym.collect.regression``: a point's reward fell by more
 than the limit since step 0 and the 95% paired interval of the drop excludes 0, or nothing was
-scored): for the environments of the run's ``--max-regression`` where ``summary.json`` gives them,
-else, while the run goes, every environment at ``gym eval compare``'s default threshold (each
-alarm names the limit it used).
+scored) for the environments of the run's ``--max-regression``, at the limits ``run.json`` gives
+from the first point on, so the page never guesses a limit the run does not use (each alarm names
+its limit). A folder without the record (written before it existed) raises no regression alarm.
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ from typing import Any
 
 import orjson
 
-from polygym.collect.compare import DEFAULT_THRESHOLD
 from polygym.collect.regression import judge_regression, task_rewards
 from polygym.jsonl import iter_jsonl
 from polygym.row import ALL_ENVS, ENV_FIELD
+from polygym.view.runs import SUMMARY
 
 CURVES = "validation.jsonl"
 BEFORE, AFTER = "validation_before.jsonl", "validation_after.jsonl"
@@ -87,12 +89,26 @@ def point_files(folder: Path, steps: list[int]) -> dict[int, Path]:
     return out
 
 
-def read_summary(folder: Path) -> dict[str, Any]:
+RUN_RECORD = "run.json"
+"""The run's settings, written at its start (``polygym.training.checkpoint.RUN_RECORD``; the view
+does not import training, its sibling stratum)."""
+
+
+def read_object(path: Path) -> dict[str, Any]:
+    """A JSON object file, or {} when it is missing, unreadable or not an object (a run writes it)."""
     try:
-        data = orjson.loads((folder / "summary.json").read_bytes())
+        data = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def regression_limits(folder: Path) -> dict[str, float]:
+    """The run's ``--max-regression`` limits (environment -> largest allowed drop), from its record."""
+    limits = (read_object(folder / RUN_RECORD).get("settings") or {}).get("max_regression")
+    if not isinstance(limits, dict):
+        return {}
+    return {env: float(value) for env, value in limits.items() if _number(value) is not None}
 
 
 @dataclass
@@ -112,7 +128,7 @@ class Training:
     """Environment -> its agent (the name its validation rollouts carry)."""
     alarms: list[Alarm] = field(default_factory=list)
     limits: dict[str, float] = field(default_factory=dict)
-    limits_known: bool = False
+    """The run's ``--max-regression`` limits; none: no regression alarm."""
     ended: bool = False
 
 
@@ -151,12 +167,12 @@ def masked_alarms(log: list[dict[str, Any]]) -> list[Alarm]:
 def regression_alarms(training: Training) -> list[Alarm]:
     """Each validation point after step 0 against step 0, by the trainer's own rule
     (``polygym.collect.regression``): the environments of the run's ``--max-regression`` at their
-    limits, or, while the limits are not known yet, every environment at ``DEFAULT_THRESHOLD``."""
+    limits."""
     base = training.files.get(0)
-    if base is None:
+    if base is None or not training.limits:
         return []
     envs = sorted({p.env for p in training.points})
-    limits = training.limits if training.limits_known else dict.fromkeys(envs, DEFAULT_THRESHOLD)
+    limits = training.limits
     by_agent = {training.agents.get(env, env): env for env in envs}
     before = task_rewards(base, by_agent)
     out: list[Alarm] = []
@@ -174,22 +190,17 @@ def regression_alarms(training: Training) -> list[Alarm]:
 def read_training(folder: Path, log_path: Path | None) -> Training:
     log = list(iter_jsonl(log_path)) if log_path is not None and log_path.is_file() else []
     points = read_curves(folder)
-    summary = read_summary(folder)
-    limits = (summary.get("settings") or {}).get("max_regression")
     files = point_files(folder, [p.step for p in points])
     agents = {**(_agents_of_rows(files[0]) if 0 in files else {}), **_agents(log)}
-    training = Training(points, files, agents)
-    training.ended = bool(summary)
-    if isinstance(limits, dict):
-        training.limits = {k: float(v) for k, v in limits.items() if _number(v) is not None}
-        training.limits_known = True
+    training = Training(points, files, agents, limits=regression_limits(folder))
+    training.ended = bool(read_object(folder / SUMMARY))
     training.alarms = sorted(masked_alarms(log) + regression_alarms(training), key=lambda a: (a.step, a.env))
     return training
 
 
 def signature(folder: Path, log_path: Path | None) -> tuple[tuple[str, int, int], ...]:
     """What the training page's numbers depend on besides the indexes: changes as the run writes."""
-    paths = [folder / CURVES, folder / "summary.json", folder / BEFORE, folder / AFTER]
+    paths = [folder / CURVES, folder / RUN_RECORD, folder / SUMMARY, folder / BEFORE, folder / AFTER]
     paths += sorted((folder / "validation").glob("step_*.jsonl"))
     if log_path is not None:
         paths.append(log_path)

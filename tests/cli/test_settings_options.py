@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
@@ -77,3 +78,35 @@ def test_a_command_can_give_a_shared_setting_its_own_default_and_help() -> None:
 
     steps = next(p for p in compare_mixes_command.params if p.name == "steps")
     assert steps.default == 20 and isinstance(steps, click.Option) and steps.help == "Steps per arm."
+
+
+def _halves(text: str) -> Fraction:
+    value = Fraction(text)
+    if value.denominator not in (1, 2):
+        raise ValueError(f"'{text}' is not a whole or half number")
+    return value
+
+
+@dataclass
+class Parsed:
+    step: Fraction = field(default=Fraction(1, 2), metadata=cli("A half step.", metavar="N/2", parse=_halves))
+    wait_s: float = field(default=1.0, metadata=cli("Seconds.", "--wait", min=0, min_open=True))
+
+
+def test_a_field_with_its_own_parse_and_an_open_bound() -> None:
+    seen: list[Parsed] = []
+
+    @click.command()
+    @settings_options(Parsed)
+    def command(**values: Any) -> None:
+        seen.append(settings_from(Parsed, values))
+
+    runner = CliRunner()
+    assert runner.invoke(command, []).exit_code == 0 and seen[-1] == Parsed()  # the default kept as is
+    assert runner.invoke(command, ["--step", "3/2", "--wait", "0.5"]).exit_code == 0
+    assert seen[-1] == Parsed(Fraction(3, 2), 0.5)
+    bad = runner.invoke(command, ["--step", "1/3"])
+    assert bad.exit_code == 2 and "'1/3' is not a whole or half number" in bad.output
+    assert runner.invoke(command, ["--wait", "0"]).exit_code == 2  # min_open: 0 itself is refused
+    shown = " ".join(runner.invoke(command, ["--help"]).output.split())
+    assert "--step N/2 A half step. [default: 1/2]" in shown and "x>0" in shown

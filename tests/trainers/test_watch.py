@@ -142,3 +142,28 @@ def test_triggers_label_each_evaluation(tmp_path: Path) -> None:
     triggers.signalled = True
     assert triggers.poll(202) == 203 and triggers.poll(203) is None
     assert Triggers(None, every_s=0.0).poll(7) == 8  # the clock is always due at period 0
+
+
+class RefusingPolicy(ChatEndpoint):
+    """A policy endpoint that refuses every request (400: not retried), so nothing is scored."""
+
+    async def chat(self, request: Request) -> Response:
+        return Response(b'{"error": {"message": "no such model"}}', 400, media_type="application/json")
+
+
+def test_watch_refuses_a_baseline_that_scored_nothing(tmp_path: Path) -> None:
+    """The watch's baseline check is ``gym train run``'s (validation.require_scored): it names the
+    environment, its first failure and the failures file, with the watch's own hint."""
+    write_environments(tmp_path, "parity")
+    spec = write_spec(tmp_path)
+    with RefusingPolicy() as policy:
+        args = [
+            "train", "watch", str(spec), "--policy-url", policy.url, "--policy-model", "policy",
+            "-o", "watch", "--every-minutes", "60",
+        ]  # fmt: skip
+        done = subprocess.run(gym_command(*args), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    message = " ".join(done.stderr.split())
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "parity: no validation rollout was scored (" in message
+    assert "no baseline to watch against: is the policy endpoint up?" in message
+    assert "validation_before_failures.jsonl" in message

@@ -42,7 +42,7 @@ def test_training_view_follows_the_run_as_it_goes(tmp_path: Path) -> None:
     *lines, alarms = curves["data"]
     assert all(t["x"] == [0, 8, 16, 24] for t in lines)
     assert alarms["name"] == "regression alarm" and alarms["x"] == [16, 24] and alarms["text"] == ["mcqa"] * 2
-    # mcqa forgot after step 8: an alarm at 16 and at 24, at the run's own limit (summary.json)
+    # mcqa forgot after step 8: an alarm at 16 and at 24, at the run's own limit (run.json)
     assert re.findall(r"step (\d+) · (\w+) · validation regression", page) == [("16", "mcqa"), ("24", "mcqa")]
     assert "more than --max-regression 0.05" in page  # the limit the run set, in the trainer's own alarm line
     # every point links to its rollouts, which are escaped like every page
@@ -57,6 +57,26 @@ def test_training_view_follows_the_run_as_it_goes(tmp_path: Path) -> None:
     assert number is not None
     shown = client.get(f"/run/{before.group(1)}/rollouts/{number.group(1)}").text
     assert XSS not in shown and "&lt;script&gt;alert(" in shown
+
+
+def test_a_running_run_alarms_at_its_own_limit_before_its_summary(tmp_path: Path) -> None:
+    """The limits come from run.json, written at the start: no summary.json yet, and the alarm of
+    step 16 is at the run's --max-regression 0.05, for mcqa only (no guessed limit elsewhere)."""
+    folder = tmp_path / "train"
+    grow(folder, 0, 17)
+    assert (folder / "run.json").is_file() and not (folder / "summary.json").exists()
+    page = TestClient(create_app(find_runs([folder]), wait_s=60)).get("/run/0/training").text
+    assert "running" in page
+    assert re.findall(r"step (\d+) · (\w+) · validation regression", page) == [("16", "mcqa")]
+    assert "more than --max-regression 0.05" in page and "--max-regression 0.02" not in page
+
+
+def test_a_folder_without_its_run_record_raises_no_regression_alarm(tmp_path: Path) -> None:
+    folder = tmp_path / "train"
+    grow(folder, 0, 17)
+    (folder / "run.json").unlink()
+    page = TestClient(create_app(find_runs([folder]), wait_s=60)).get("/run/0/training").text
+    assert 'data-step="16"' in page and "· validation regression" not in page
 
 
 def test_a_watch_folder_with_only_validation_curves_is_a_training_run(tmp_path: Path) -> None:

@@ -4,9 +4,9 @@ Two trained environments and one watched (``eval_only``) one, 24 steps, validati
 (``validation.jsonl``, ``validation_before.jsonl``, ``validation/step_N.jsonl``,
 ``validation_after.jsonl``), the step log's lines in ``train_log.jsonl`` (the fields of the
 example run's, ``examples/train_grpo/results``), every training rollout in
-``rollouts/train.jsonl`` and ``summary.json`` at the end. The watched environment falls apart
-after step 8 (a validation regression alarm at 16 and 24); guess_number's step 5 raises the
-masked-share alarm. One validation answer is an XSS attempt.
+``rollouts/train.jsonl``, ``run.json`` (the settings) first and ``summary.json`` at the end.
+The watched environment falls apart after step 8 (a validation regression alarm at 16 and 24);
+guess_number's step 5 raises the masked-share alarm. One validation answer is an XSS attempt.
 
     python tests/view/train_run.py runs/train   # the whole run, for a look with gym view
 """
@@ -19,10 +19,14 @@ from typing import Any
 
 import orjson
 
+from polygym.training.checkpoint import write_run_record
+
 XSS = "<script>alert('train')</script><img src=x onerror=alert(2)>"
 ENVS = {"arithmetic": "reasoning_gym_simple_agent", "guess_number": "guess_number_gymnasium_agent"}
 WATCHED = {"mcqa": "mcqa_simple_agent"}
 STEPS, EVERY, VALIDATION_ROWS = 24, 8, 32
+SETTINGS = {"max_regression": {"mcqa": 0.05}, "steps": STEPS}
+"""What run.json (from the start) and summary.json (at the end) record."""
 
 
 def _append(path: Path, lines: list[dict[str, Any]]) -> None:
@@ -133,6 +137,8 @@ def grow(folder: Path, done: int, upto: int) -> int:
     """Write steps ``done``..``upto - 1`` (validating before step 0, every 8 steps and at the end)."""
     for step in range(done, upto):
         if step == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_run_record(folder, SETTINGS)  # as gym train run does, before its first validation
             validate(folder, 0)
         elif step % EVERY == 0:
             validate(folder, step)
@@ -140,7 +146,7 @@ def grow(folder: Path, done: int, upto: int) -> int:
     if upto == STEPS:
         validate(folder, STEPS, final=True)
         summary = {
-            "settings": {"max_regression": {"mcqa": 0.05}, "steps": STEPS},
+            "settings": SETTINGS,
             "validation_regressions": [],
         }
         (folder / "summary.json").write_bytes(orjson.dumps(summary))
