@@ -343,9 +343,12 @@ class ServerClient:
         marked final (it already spent the chain's retries). ``send`` gets the budget left for
         that attempt, to hand on to the callee.
         """
-        call = budget.current().narrowed(retry.attempts, timeout_s)
+        caller = budget.current()
+        call = caller.narrowed(retry.attempts, timeout_s)
         attempts, deadline = call.attempts or 1, call.deadline or 0.0
-        allowed_s = call.remaining_s()
+        # The limit that applies, as the user set it: read before any time passes, so a 0.2 s
+        # timeout is reported as 0.2 s, not as whatever a loaded machine left of it.
+        allowed_s = min(timeout_s, caller.remaining_s())
         for attempt in range(1, attempts + 1):
             left = budget.CallBudget(attempts=attempts - attempt + 1, deadline=deadline)
             if left.remaining_s() <= 0:
