@@ -20,14 +20,13 @@ from __future__ import annotations
 import math
 import re
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-import jsonschema
 import orjson
-from jsonschema import validators
-from jsonschema.exceptions import best_match
-from jsonschema.protocols import Validator
+
+if TYPE_CHECKING:
+    from jsonschema.protocols import Validator
 
 MAX_DEPTH = 8
 """How deep synthesis and ``$ref`` chains go: a recursive schema still yields a finite value."""
@@ -37,7 +36,14 @@ _DATA_KEYWORDS = frozenset({"enum", "const", "examples", "default"})
 
 
 def _validator_class(schema: Any) -> type[Validator]:
-    """The ``jsonschema`` validator for the schema's ``$schema`` draft (2020-12 when unsaid)."""
+    """The ``jsonschema`` validator for the schema's ``$schema`` draft (2020-12 when unsaid).
+
+    ``jsonschema`` is imported here, when a schema is first checked: a collection whose tool calls
+    all plainly fit their schemas (``plainly_fits``) never needs it, and importing it costs a
+    noticeable part of ``gym eval run``'s start."""
+    import jsonschema
+    from jsonschema import validators
+
     return validators.validator_for(schema, default=jsonschema.Draft202012Validator)
 
 
@@ -87,6 +93,8 @@ def schema_problems(schema: Any, where: str = "parameters") -> list[str]:
 
     The meta-schema check includes ``pattern`` being a valid regular expression.
     """
+    from jsonschema.exceptions import best_match
+
     cls = _validator_class(schema)
     meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)
     problems: list[str] = []

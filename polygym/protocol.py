@@ -21,6 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 AGENT_KIND = "responses_api_agents"
 RESOURCES_KIND = "resources_servers"
 MODEL_KIND = "responses_api_models"
+UPSTREAM_PROBE_TIMEOUT_S = 3.0
+"""Seconds a start-up or ``GET /`` probe of a model server waits for its upstream: enough for a
+distant API's models route, short enough that ``gym env status`` answers at once."""
+UPSTREAM_PROBE = "upstream_probe"
+"""Key of a model server's ``GET /`` answer listing what each upstream probe found (absent:
+nothing to probe)."""
 SERVER_KINDS = (RESOURCES_KIND, AGENT_KIND, MODEL_KIND)
 
 

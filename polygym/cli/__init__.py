@@ -9,45 +9,11 @@ before doing anything.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, MutableMapping
-
 import click
 
 from polygym import __version__
 from polygym.cli.base import SuggestingGroup
-
-
-class LazyCommands(MutableMapping[str, click.Command]):
-    """A group's ``commands``: name -> command, each built by its loader when first looked up;
-    names and membership are known without loading anything (``gym --help`` loads them all)."""
-
-    def __init__(self, loaders: dict[str, Callable[[], click.Command]]) -> None:
-        self._loaders = dict(loaders)
-        self._loaded: dict[str, click.Command] = {}
-
-    def __getitem__(self, name: str) -> click.Command:
-        if name not in self._loaded:
-            self._loaded[name] = self._loaders[name]()
-        return self._loaded[name]
-
-    def __setitem__(self, name: str, command: click.Command) -> None:
-        self._loaded[name] = command
-        self._loaders.pop(name, None)
-
-    def __delitem__(self, name: str) -> None:
-        if name not in self:
-            raise KeyError(name)
-        self._loaded.pop(name, None)
-        self._loaders.pop(name, None)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._loaded or name in self._loaders
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(dict.fromkeys([*self._loaders, *self._loaded]))
-
-    def __len__(self) -> int:
-        return len(set(self._loaders) | set(self._loaded))
+from polygym.cli.lazy import LazyCommands
 
 
 def _env() -> click.Command:

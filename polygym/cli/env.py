@@ -32,12 +32,12 @@ from polygym.cli.server_health import ping_servers, upstream_problems
 from polygym.cli.settings_options import settings_from, settings_options
 from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
+from polygym.net.replicas import slot_of
 from polygym.settings import cli
 from polygym.stack import records as stacks
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError
 from polygym.stack.external import EXTERNAL
-from polygym.stack.head import slot_of
 from polygym.stack.launcher import BACKENDS, Stack
 from polygym.stack.placement import parse_workers
 from polygym.suggest import unknown_name_message

@@ -24,11 +24,9 @@ from polygym.cli.base import (
     refuse_given,
     selector_options,
 )
-from polygym.cli.compare import compare_command
-from polygym.cli.health import health_check_command
 from polygym.cli.interrupt import Interrupted, until_interrupted
+from polygym.cli.lazy import LazyCommands
 from polygym.cli.placement_options import refuse_when_joining
-from polygym.cli.reverify import reverify_command
 from polygym.cli.run_end import STACK_ERRORS, end_of_run, print_counts, print_interrupted, stack_error
 from polygym.cli.run_options import resume_command, stack_options, stack_target
 from polygym.cli.server_health import upstream_problems
@@ -56,14 +54,30 @@ if TYPE_CHECKING:
     from polygym.blend.stepwise import StepSettings
 
 
-@click.group(cls=SuggestingGroup)
+def _compare() -> click.Command:
+    from polygym.cli.compare import compare_command
+
+    return compare_command
+
+
+def _health_check() -> click.Command:
+    from polygym.cli.health import health_check_command
+
+    return health_check_command
+
+
+def _reverify() -> click.Command:
+    from polygym.cli.reverify import reverify_command
+
+    return reverify_command
+
+
+@click.group(
+    cls=SuggestingGroup,
+    commands=LazyCommands({"compare": _compare, "health-check": _health_check, "reverify": _reverify}),
+)
 def eval_group() -> None:
     """Collect and compare rollouts."""
-
-
-eval_group.add_command(compare_command, name="compare")
-eval_group.add_command(health_check_command, name="health-check")
-eval_group.add_command(reverify_command, name="reverify")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,7 @@ from polygym.cli.placement_options import placement_options, replica_counts
 from polygym.redact import redact_argv
 from polygym.stack import records as stacks
 from polygym.stack.config import ConfigError
-from polygym.stack.launcher import BACKENDS
-from polygym.stack.placement import parse_workers
+from polygym.stack.placement import BACKENDS, parse_workers
 from polygym.stack.session import StackTarget
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -9,10 +9,9 @@ import asyncio
 from typing import Any
 
 from polygym.net.client import ServerCallError, ServerClient
+from polygym.net.replicas import slot_of
 from polygym.net.retry import NO_RETRY
-from polygym.protocol import MODEL_KIND
-from polygym.servers.model import UPSTREAM_PROBE, UPSTREAM_PROBE_TIMEOUT_S
-from polygym.stack.head import slot_of
+from polygym.protocol import MODEL_KIND, UPSTREAM_PROBE, UPSTREAM_PROBE_TIMEOUT_S
 
 HEALTH_TIMEOUT_S = UPSTREAM_PROBE_TIMEOUT_S + 2.0
 """A server's ``GET /`` may wait for its upstream probe: a silent upstream shows as such, not as a

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
@@ -21,7 +22,9 @@ from polygym.collect.stack_watch import SERVER_DIED, Death, StackHealth
 from polygym.protocol import AGENT_KIND
 from polygym.stack.backend import ReplicatedBackend, ServerFailure
 from polygym.stack.config import StackConfig
-from polygym.stack.launcher import Stack, SubprocessBackend
+
+if TYPE_CHECKING:
+    from polygym.stack.launcher import Stack, SubprocessBackend
 
 
 def server_needs(config: StackConfig) -> dict[str, set[str]]:
@@ -43,6 +46,8 @@ def server_deaths(stack: Stack) -> list[AsyncIterator[Death]]:
     """The deaths the stack can report: every replica death of a replicated backend (workers,
     Ray); each child process of a subprocess stack on its own (so a second death is seen too);
     an inline stack's first stopped server."""
+    from polygym.stack.launcher import SubprocessBackend  # only a stack this run started gets here
+
     backend = stack.backend
     if isinstance(backend, ReplicatedBackend):
         return [_every_death(backend)]

@@ -147,10 +147,14 @@ def _header_dict(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
 
 
 def _cookies_from_headers(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The cookies set by ``headers``; the parser is built only when one is set (most replies of
+    an in-process call, a model turn relayed, set none)."""
+    set_cookies = [value for key, value in headers if key.lower() == b"set-cookie"]
+    if not set_cookies:
+        return {}
     jar: SimpleCookie = SimpleCookie()
-    for key, value in headers:
-        if key.lower() == b"set-cookie":
-            jar.load(value.decode("latin-1"))
+    for value in set_cookies:
+        jar.load(value.decode("latin-1"))
     return {k: m.value for k, m in jar.items()}
 
 

@@ -31,6 +31,7 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from typing import Any
 
 MAX_AFFINITIES = 200_000
 """Cookie values remembered at most; far above the rollouts in flight of any collector."""
@@ -38,6 +39,17 @@ REFUSED_HOLD_S = 30.0
 """How long a replica that refused a connection is passed over while the head still lists it."""
 LOOKUP_AGAIN_S = 1.0
 """How often, at most, the head is asked again about a server while one of its replicas is passed over."""
+
+
+def slot_of(entry: dict[str, Any]) -> str:
+    """The registry key of one replica: its name, with ``[i]`` for replicas after the first.
+
+    A name maps to its replicas (the Ray backend runs ``replicas: N`` copies of a server); each
+    replica holds a slot of its own, so one replica dying and coming back never touches the others,
+    and the first replica's key is the bare name that single-replica stacks always had.
+    """
+    replica = int(entry.get("replica") or 0)
+    return entry["name"] if replica == 0 else f"{entry['name']}[{replica}]"
 
 
 class Replicas:

@@ -111,12 +111,27 @@ Handler = Callable[[Any, Any], Awaitable[Any]]
 
 
 class DirectRequest:
-    """What our handlers read from a Starlette Request, for calls made inside one process."""
+    """What our handlers read from a Starlette Request, for calls made inside one process.
+
+    Made for every in-process call; ``state`` and ``url`` are built only for a handler that reads them.
+    """
+
+    __slots__ = ("_path", "_state", "cookies")
 
     def __init__(self, path: str, cookies: dict[str, str]) -> None:
         self.cookies = cookies
-        self.state = State()
-        self.url = SimpleNamespace(path=path)
+        self._path = path
+        self._state: State | None = None
+
+    @property
+    def state(self) -> State:
+        if self._state is None:
+            self._state = State()
+        return self._state
+
+    @property
+    def url(self) -> SimpleNamespace:
+        return SimpleNamespace(path=self._path)
 
 
 class JsonEndpoint:

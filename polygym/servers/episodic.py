@@ -41,7 +41,6 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym.protocol import SeedSessionRequest, VerifyRequest, VerifyResponse, item_text
@@ -231,7 +230,7 @@ class EpisodicServer(ResourcesServer[EpisodicConfigT]):
             "info": result.info,
         }
 
-    async def _reset_route(self, body: Any, request: Request) -> Response:
+    async def _reset_route(self, body: Any, request: Request) -> Any:
         session = self._session_for(request)
         if not isinstance(body, dict):
             raise HTTPError(
@@ -246,7 +245,7 @@ class EpisodicServer(ResourcesServer[EpisodicConfigT]):
             )
         return self._with_cookie(request, await self.start_episode(row, session))
 
-    async def _step_route(self, body: StepRequest, request: Request) -> Response:
+    async def _step_route(self, body: StepRequest, request: Request) -> Any:
         session = self._session_for(request)
         return self._with_cookie(request, await self.take_step(body.action, session))
 

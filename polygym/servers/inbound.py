@@ -37,8 +37,8 @@ Everything else (``GET /``, mounts, routes with path parameters) goes through th
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
 
 from polygym.net.asgi_transport import ASGIApp, Message, Receive, Scope, Send
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
@@ -62,18 +62,26 @@ DirectRoute = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class InFlight:
-    """How many requests a server is serving right now, over HTTP and in-process together."""
+    """How many requests a server is serving right now, over HTTP and in-process together.
+
+    ``with in_flight.serving():`` counts one request for the block. The object is its own context
+    manager (``serving`` returns it): it is entered on every request and every in-process call,
+    where a generator-based one costs several times more.
+    """
 
     def __init__(self) -> None:
         self.count = 0
 
-    @contextlib.contextmanager
-    def serving(self) -> Iterator[None]:
+    def serving(self) -> InFlight:
+        return self
+
+    def __enter__(self) -> None:
         self.count += 1
-        try:
-            yield
-        finally:
-            self.count -= 1
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.count -= 1
 
 
 def is_ping(scope: Scope) -> bool:

@@ -37,7 +37,7 @@ from polygym.net import budget, failure
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
 from polygym.net.client import Reply, ServerCallError, ServerClient, error_detail
 from polygym.net.retry import NO_RETRY, RetryPolicy
-from polygym.protocol import MODEL_KIND, complete_response
+from polygym.protocol import MODEL_KIND, UPSTREAM_PROBE, UPSTREAM_PROBE_TIMEOUT_S, complete_response
 from polygym.redact import redact_text
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, json_endpoint, json_response
 from polygym.servers.sessions import SESSION_COOKIE
@@ -95,13 +95,6 @@ def upstream_failure(exc: ServerCallError, url: str, policy: RetryPolicy) -> HTT
         "upstream_unreachable",
         exc.error_class,
     )
-
-
-UPSTREAM_PROBE_TIMEOUT_S = 3.0
-"""Seconds a start-up or ``GET /`` probe waits for an upstream: enough for a distant API's models
-route, short enough that ``gym env status`` answers at once."""
-UPSTREAM_PROBE = "upstream_probe"
-"""Key of ``GET /``'s answer listing what each upstream probe found (absent: nothing to probe)."""
 
 
 @dataclass(frozen=True)

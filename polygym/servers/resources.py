@@ -252,16 +252,21 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
         return found
 
     @staticmethod
-    def _with_cookie(request: Request, result: Any) -> Response:
+    def _with_cookie(request: Request, result: Any) -> Any:
+        """``result`` with the cookie of a session this request started; the value itself when
+        there is none, so that an in-process caller gets it handed over (``Handoff``) instead of
+        encoded here and parsed again by the caller: tool calls and ``/verify`` of a seeded
+        rollout, the rollout itself in the latter."""
+        new_session = getattr(request.state, "new_session", None)
+        if not new_session:
+            return result if result is not None else {}
         response = (
             result if isinstance(result, Response) else json_response(result if result is not None else {})
         )
-        new_session = getattr(request.state, "new_session", None)
-        if new_session:
-            response.set_cookie(SESSION_COOKIE, new_session, httponly=True, samesite="lax")
+        response.set_cookie(SESSION_COOKIE, new_session, httponly=True, samesite="lax")
         return response
 
-    async def _seed(self, body: SeedSessionRequest, request: Request) -> Response:
+    async def _seed(self, body: SeedSessionRequest, request: Request) -> Any:
         session = self.sessions.create()
         request.state.new_session = session.id
         try:
@@ -271,7 +276,7 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
             raise
         return self._with_cookie(request, result)
 
-    async def _verify(self, body: VerifyRequest, request: Request) -> Response:
+    async def _verify(self, body: VerifyRequest, request: Request) -> Any:
         """Verify within the rollout's session (a cookie-less call uses a throwaway one), then end it."""
         session = self._session_for(request)
         try:
@@ -301,7 +306,7 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
     def _tool_handler(self, spec: ToolSpec) -> Callable[[Any, Request], Any]:
         bound = getattr(self, spec.name)
 
-        async def handler(body: Any, request: Request) -> Response:
+        async def handler(body: Any, request: Request) -> Any:
             session = self._session_for(request)
             result = await (bound(body, session=session) if spec.wants_session else bound(body))
             return self._with_cookie(request, result)

@@ -12,11 +12,13 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from polygym.net.client import ServerClient
 from polygym.stack.config import ServerSpec
-from polygym.stack.head import Registry
+
+if TYPE_CHECKING:  # the head server's app (Starlette): not for a collector that only joins a stack
+    from polygym.stack.head import Registry
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0

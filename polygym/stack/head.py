@@ -54,6 +54,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym import redact
+from polygym.net.replicas import slot_of
 from polygym.protocol import AGENT_KIND
 from polygym.servers.base import HTTPError, JsonEndpoint, error_response, json_response
 from polygym.servers.inbound import InboundGuard
@@ -69,17 +70,6 @@ MAX_REGISTRATION_BYTES = 64 * 1024
 """A registration is a few hundred bytes; anything past this is refused (413) before it is kept."""
 SAME_SERVER_FIELDS = ("url", "pid")
 """A repeated registration carrying the same values is the same server retrying, not a takeover."""
-
-
-def slot_of(entry: dict[str, Any]) -> str:
-    """The registry key of one replica: its name, with ``[i]`` for replicas after the first.
-
-    A name maps to its replicas (the Ray backend runs ``replicas: N`` copies of a server); each
-    replica holds a slot of its own, so one replica dying and coming back never touches the others,
-    and the first replica's key is the bare name that single-replica stacks always had.
-    """
-    replica = int(entry.get("replica") or 0)
-    return entry["name"] if replica == 0 else f"{entry['name']}[{replica}]"
 
 
 class Registry:

@@ -44,6 +44,7 @@ import psutil
 
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, PortInUseError, bind_socket
+from polygym.net.replicas import slot_of
 from polygym.stack import records as stacks
 from polygym.stack.backend import (
     START_TIMEOUT_S,
@@ -60,10 +61,10 @@ from polygym.stack.backend import (
 )
 from polygym.stack.config import ConfigError, ServerSpec, StackConfig
 from polygym.stack.external import EXTERNAL, external_entries
-from polygym.stack.head import Registry, head_app, slot_of
+from polygym.stack.head import Registry, head_app
 from polygym.stack.loader import serve_in_process
 from polygym.stack.nemo_gym_server import NemoGymServers, is_nemo_gym_server
-from polygym.stack.placement import copy_placement, placement_of
+from polygym.stack.placement import BACKENDS, copy_placement, placement_of
 
 DEFAULT_HEAD_PORT = 11000
 SECRET_BYTES = 32
@@ -276,9 +277,6 @@ class WorkersBackend(SubprocessBackend):
         for task in self._watchers:
             task.cancel()
         await super().stop()
-
-
-BACKENDS = ("inline", "subprocess", "ray")
 
 
 def make_backend(

@@ -124,6 +124,11 @@ def cores_available() -> int:
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
+BACKENDS = ("inline", "subprocess", "ray")
+"""The backends that place a stack's servers (``--backend``); here rather than in the launcher so
+that the options naming them import no server code."""
+
+
 def parse_workers(value: str | None) -> int | None:
     """``--workers`` as a count: a positive integer, or ``auto`` for one per available core;
     None when not given. Anything else is a ConfigError naming the option."""

@@ -57,6 +57,7 @@ from ray.util.placement_group import PlacementGroup
 
 from polygym.gc_pace import pace_for_rollouts
 from polygym.net.listen import AppServer
+from polygym.net.replicas import slot_of
 from polygym.protocol import RESOURCES_KIND
 from polygym.stack import ray_gpu_groups as gpu_groups
 from polygym.stack import records as stacks
@@ -71,7 +72,7 @@ from polygym.stack.backend import (
     stack_client,
 )
 from polygym.stack.config import ConfigError, ServerSpec
-from polygym.stack.head import Registry, slot_of
+from polygym.stack.head import Registry
 from polygym.stack.loader import serve_in_process
 from polygym.stack.placement import Placement, copy_placement, placement_of
 from polygym.stack.ray_spread import NodeTurns, placeable_nodes, schedulable

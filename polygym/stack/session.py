@@ -19,12 +19,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from polygym.net.client import ServerClient
 from polygym.protocol import AGENT_KIND
 from polygym.stack.config import StackConfig
-from polygym.stack.launcher import Stack
 from polygym.suggest import unknown_name_message
+
+if TYPE_CHECKING:
+    from polygym.stack.launcher import Stack
 
 MIN_POOL_SIZE = 64
 
@@ -109,6 +112,10 @@ class StackSession:
         if self.client is not None:
             return self.client
         assert self.target.config is not None
+        # Imported here: the launcher brings every server's code (uvicorn, Starlette, the head), which
+        # a collector joining a running stack (``--no-serve``) never needs.
+        from polygym.stack.launcher import Stack
+
         self.stack = Stack(
             self.target.config,
             self.target.backend,

@@ -445,7 +445,7 @@ class LocalModel(ModelServer[Config]):
                     max_array_items=self.config.max_array_items,
                 )
             request = {**options, "grammar": grammar} if grammar else options
-            generation = await engine.generate(prompt_ids, request, want_tokens)
+            generation = await engine.generate(prompt_ids, request, want_tokens, self.session_id())
             parsed = parse_tool_calls(generation.text) if read_calls else ParsedTurn(generation.text)
             fresh = _fresh_calls(parsed.calls, episode.call_keys)
             if not parsed.calls or fresh or not (constrain and self.config.avoid_repeated_calls):

@@ -5,7 +5,8 @@ batches every active sequence into one forward pass (continuous batching over ``
 slots) and reuses each slot's KV cache for a prompt that extends the previous one (an agent's next
 turn only pays for the new tokens). Its ``handle_completions`` call blocks until the generation is
 done but releases the GIL, so the server calls it from a small thread pool, one thread per slot,
-behind an asyncio semaphore: the event loop never blocks and excess requests queue in asyncio.
+behind ``Admission`` (admission.py: which waiting request goes next): the event loop never blocks
+and excess requests queue in asyncio.
 
 Why the server drives generation itself from token ids rather than through llama.cpp's chat
 endpoint: training needs the exact ``prompt_token_ids`` the model saw, and the tool-call grammar
@@ -31,6 +32,7 @@ from typing import Any
 import aiohttp
 
 from polygym import HTTPError
+from responses_api_models.local_model.admission import Admission, prefix_key
 from responses_api_models.local_model.tool_calls import CallTags
 
 _HELPER_ATTEMPTS = 3
@@ -89,7 +91,7 @@ class Engine:
         self._base_url = ""
         self._http: aiohttp.ClientSession | None = None
         self._pool = ThreadPoolExecutor(max_workers=settings.n_parallel, thread_name_prefix="local_model")
-        self._slots = asyncio.Semaphore(settings.n_parallel)
+        self._admission = Admission(settings.n_parallel)
         self.tags = CallTags()
         self.eos_text = ""
         """The end-of-generation token's text (``<|im_end|>``): where the template ends a turn."""
@@ -216,12 +218,18 @@ class Engine:
 
     # ------------------------------------------------------------------------------ generation
 
-    async def generate(self, prompt_ids: list[int], options: dict[str, Any], want_tokens: bool) -> Generation:
-        """Complete ``prompt_ids`` with llama.cpp sampling ``options`` (a /completion body, no prompt)."""
+    async def generate(
+        self, prompt_ids: list[int], options: dict[str, Any], want_tokens: bool, session: str | None = None
+    ) -> Generation:
+        """Complete ``prompt_ids`` with llama.cpp sampling ``options`` (a /completion body, no prompt),
+        when ``Admission`` gives the request (of the conversation ``session``) a slot."""
         body = {"cache_prompt": True, **options, "prompt": prompt_ids, "stream": False}
         if want_tokens:
             body["n_probs"] = max(1, int(body.get("n_probs") or 0))
-        async with self._slots:
+        key = prefix_key(prompt_ids)
+        await self._admission.acquire(session, key)
+        ran = False
+        try:
             if self._server is None:
                 raise HTTPError(503, "the local model is not loaded", "model_not_ready")
             self.in_flight += 1
@@ -230,9 +238,12 @@ class Engine:
                 reply = await asyncio.get_running_loop().run_in_executor(
                     self._pool, self._server.handle_completions, body
                 )
+                ran = True
             finally:
                 self.in_flight -= 1
             seconds = time.perf_counter() - started
+        finally:
+            self._admission.release(key, ran)
         generation = _generation(reply, seconds)
         self.stats["generations"] += 1
         self.stats["prompt_tokens"] += generation.prompt_tokens
