@@ -27,8 +27,15 @@ from polygym.cli.base import (
 from polygym.cli.interrupt import Interrupted, until_interrupted
 from polygym.cli.lazy import LazyCommands
 from polygym.cli.placement_options import refuse_when_joining
-from polygym.cli.run_end import STACK_ERRORS, end_of_run, print_counts, print_interrupted, stack_error
-from polygym.cli.run_options import resume_command, stack_options, stack_target
+from polygym.cli.run_end import (
+    STACK_ERRORS,
+    end_of_run,
+    print_counts,
+    print_interrupted,
+    resume_command,
+    stack_error,
+)
+from polygym.cli.run_options import stack_options, stack_target
 from polygym.cli.server_health import upstream_problems
 from polygym.cli.settings_options import settings_from, settings_options
 from polygym.cli.stack_deaths import report_deaths, server_deaths, server_needs

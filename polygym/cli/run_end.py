@@ -9,18 +9,31 @@ allowed, the line's words) and the option's declaration are ``polygym.collect.fa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import shlex
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from rich.markup import escape
 
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, console
-from polygym.cli.run_options import resume_command
 from polygym.collect.failure_budget import FailureBudget
 from polygym.collect.run_files import RunFileError, done_keys
 from polygym.net.client import ServerCallError
+from polygym.redact import redact_argv
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError
+
+MASKED_NOTE = "(secret values masked: pass them again)"
+
+
+def resume_command(argv: Sequence[str] | None = None) -> str:
+    """The command that finishes this run, safe to print: secret option values are masked, and the
+    hint says so, since a masked value must be typed again for the command to work."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--resume", "--overwrite")]
+    shown = redact_argv(words)
+    command = shlex.join(["gym", *shown, "--resume"])
+    return f"{command} {MASKED_NOTE}" if shown != words else command
 
 
 def end_of_run(

@@ -4,9 +4,7 @@ resume hint they print, and the option types they parse."""
 from __future__ import annotations
 
 import os
-import shlex
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
@@ -14,7 +12,6 @@ import click
 from polygym.blend.spec import BlendSpec
 from polygym.cli.base import EXIT_USAGE, fail, load_stack_config
 from polygym.cli.placement_options import placement_options, replica_counts
-from polygym.redact import redact_argv
 from polygym.stack import records as stacks
 from polygym.stack.config import ConfigError
 from polygym.stack.placement import BACKENDS, parse_workers
@@ -40,9 +37,6 @@ def discover_head(head_url: str | None) -> str:
     return running[0]["head_url"]
 
 
-MASKED_NOTE = "(secret values masked: pass them again)"
-
-
 def stack_options(func: F) -> F:
     """The options choosing the stack a command runs against (``stack_target`` reads them): start one
     (``--backend`` and the placement options) or join a running one (``--no-serve``, ``--head-url``)."""
@@ -54,15 +48,6 @@ def stack_options(func: F) -> F:
         "--head-url", default=None, help="Head server of the running stack (with --no-serve)."
     )(func)
     return click.option("--no-serve", is_flag=True, help="Use a running stack instead of starting one.")(func)
-
-
-def resume_command(argv: Sequence[str] | None = None) -> str:
-    """The command that finishes this run, safe to print: secret option values are masked, and the
-    hint says so, since a masked value must be typed again for the command to work."""
-    words = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--resume", "--overwrite")]
-    shown = redact_argv(words)
-    command = shlex.join(["gym", *shown, "--resume"])
-    return f"{command} {MASKED_NOTE}" if shown != words else command
 
 
 def stack_target(opts: dict[str, Any], spec: BlendSpec | None = None) -> StackTarget:

@@ -10,7 +10,7 @@ from click.testing import CliRunner, Result
 
 from polygym.blend.stepwise import StepFiles
 from polygym.cli import gym
-from polygym.cli.run_options import resume_command
+from polygym.cli.run_end import resume_command
 from polygym.jsonl import iter_jsonl
 from polygym.row import ROLLOUT_INDEX
 from tests.conftest import TWO_ENV_SPEC as SPEC
