@@ -46,6 +46,16 @@ seed: 13
 """A small blend of both example environments (3:1, two responses per prompt) for CLI tests."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Let this run and every process it starts keep compiled bytecode (``__pycache__``, ignored
+    by git), even where the environment sets ``PYTHONDONTWRITEBYTECODE``: otherwise each `gym`
+    command, stack server and Ray actor compiles polygym from source again (~0.4 s of CPU each,
+    hundreds of times a run), and each xdist worker rewrites every test module's asserts again.
+    Runs in the controller before xdist starts its workers, which inherit the environment."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
 HEAVIEST_FIRST = ("slow", "nemo_gym", "ray", "e2e")
 """The tiers' marks, costliest first: a slow or NeMo Gym test takes tens of seconds, a Ray or e2e
 test seconds, an unmarked one milliseconds."""
