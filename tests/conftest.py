@@ -46,6 +46,36 @@ seed: 13
 """A small blend of both example environments (3:1, two responses per prompt) for CLI tests."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Let this run and every process it starts keep compiled bytecode (``__pycache__``, ignored
+    by git), even where the environment sets ``PYTHONDONTWRITEBYTECODE``: otherwise each `gym`
+    command, stack server and Ray actor compiles polygym from source again (~0.4 s of CPU each,
+    hundreds of times a run), and each xdist worker rewrites every test module's asserts again.
+    Runs in the controller before xdist starts its workers, which inherit the environment."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
+HEAVIEST_FIRST = ("slow", "nemo_gym", "ray", "e2e")
+"""The tiers' marks, costliest first: a slow or NeMo Gym test takes tens of seconds, a Ray or e2e
+test seconds, an unmarked one milliseconds."""
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has grouped the tests sharing a module's fixtures
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the costliest tier first. xdist's worksteal hands each worker a contiguous share of this
+    order and a worker that runs dry takes the tail of another's queue, so the long tests start
+    early on one worker and the quick ones fill both at the end: the workers finish together
+    instead of one starting a minute-long test while the other is idle. The sort is stable, so a
+    module's tests (and the module-scoped fixture they share) stay together within a tier."""
+
+    def tier(item: pytest.Item) -> int:
+        marks = {mark.name for mark in item.iter_markers()}
+        return next((i for i, name in enumerate(HEAVIEST_FIRST) if name in marks), len(HEAVIEST_FIRST))
+
+    items.sort(key=tier)
+
+
 @pytest.fixture
 def fake_nemo_gym_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """A NeMo Gym root holding one resources server, ``ng_env`` (its app.py imports nemo_gym, which

@@ -5,8 +5,9 @@ of nested aliases (``b: [*a, *a, ...]``, ``c: [*b, *b, ...]``) load quickly; eve
 loading that copies or walks the data (merging, OmegaConf, checks) then meets every expansion:
 such a file took ``gym env resolve`` to 622 MiB. Here the document's node graph is measured
 before any Python object is built, each alias counting as the whole value it stands for, and a
-document over ``MAX_NODES`` (or one whose alias contains itself, or nested past what the parser
-can follow) is a ``YAMLTooLarge`` error, a ``yaml.YAMLError`` like any other invalid YAML.
+document over ``MAX_NODES`` (or one whose alias contains itself, or nested past ``MAX_DEPTH``,
+aliases expanded, which the recursive walks after loading could not follow) is a ``YAMLTooLarge``
+error, a ``yaml.YAMLError`` like any other invalid YAML.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ import yaml
 
 MAX_NODES = 100_000
 """Keys, values and items after alias expansion: a large stack config has a few thousand."""
+MAX_DEPTH = 100
+"""Levels of nesting after alias expansion: a stack config has about six; the walks over the loaded
+data (merging, OmegaConf, checks) recurse once or more per level and stop near a few hundred."""
+LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's parser where PyYAML was built with it (the wheels are): the same nodes and errors as
+the pure-Python one, parsed several times faster; every stack start and config check parses YAML."""
 
 
 class YAMLTooLarge(yaml.MarkedYAMLError):
@@ -25,18 +32,22 @@ class YAMLTooLarge(yaml.MarkedYAMLError):
 
 def safe_load(text: str, max_nodes: int = MAX_NODES) -> Any:
     """``yaml.safe_load(text)``, refusing a document that expands past ``max_nodes`` nodes."""
-    loader = yaml.SafeLoader(text)
+    loader = LOADER(text)
     try:
         try:
             root = loader.get_single_node()
-        except RecursionError:
-            raise YAMLTooLarge(problem="nested too deeply to parse") from None
+        except RecursionError:  # the pure-Python parser recurses per level; libyaml stops at 1000
+            raise _too_deep() from None
         if root is None:
             return None
         _check_size(root, max_nodes)
         return loader.construct_document(root)
     finally:
         loader.dispose()
+
+
+def _too_deep() -> YAMLTooLarge:
+    return YAMLTooLarge(problem="nested too deeply to parse")
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -48,8 +59,10 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 def _check_size(root: yaml.Node, limit: int) -> None:
-    """Size every node once (an alias shares its anchor's node), depth-first without recursion."""
+    """Size and nest every node once (an alias shares its anchor's node), depth-first without
+    recursion."""
     sizes: dict[int, int] = {}
+    depths: dict[int, int] = {}
     entered: set[int] = set()
     pending: list[tuple[yaml.Node, bool]] = [(root, False)]
     while pending:
@@ -58,6 +71,9 @@ def _check_size(root: yaml.Node, limit: int) -> None:
         if children_done:
             entered.discard(key)
             sizes[key] = 1 + sum(sizes[id(child)] for child in _children(node))
+            depths[key] = 1 + max((depths[id(child)] for child in _children(node)), default=0)
+            if depths[key] > MAX_DEPTH:
+                raise _too_deep()
             if sizes[key] > limit:
                 raise YAMLTooLarge(
                     problem=f"expands to more than {limit:,} values (anchors and aliases included)",

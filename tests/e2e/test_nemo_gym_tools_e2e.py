@@ -14,6 +14,7 @@ NeMo Gym's tools run in the environment of ``tests/nemo_gym_tools.py`` (built on
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,21 @@ def ng_python() -> Path:
     return tools_python()
 
 
-def polygym_run(tmp_path: Path) -> RunFiles:
-    """Five rows, two repeats each, collected by polygym."""
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Five rows, two repeats each, collected by polygym once for the module (a stack's start and a
+    run); each test reads a copy of its files."""
+    folder = tmp_path_factory.mktemp("collected")
     data = ROOT / "resources_servers" / ENV / "data" / "example.jsonl"
     args = ("--input", str(data), "--output", "pg.jsonl", "--num-repeats", "2")
-    done = run_gym("eval", "run", *STACK, *args, cwd=tmp_path, timeout=300)
+    done = run_gym("eval", "run", *STACK, *args, cwd=folder, timeout=300)
     assert done.returncode == 0, done.stderr
+    return folder
+
+
+def polygym_run(collected: Path, tmp_path: Path) -> RunFiles:
+    """The module's polygym run, its files copied into ``tmp_path`` (the test's working folder)."""
+    shutil.copytree(collected, tmp_path, dirs_exist_ok=True)
     return RunFiles(tmp_path / "pg.jsonl")
 
 
@@ -69,8 +79,10 @@ print(json.dumps({"payloads": payloads, "servers": [_rs_for_row(p, mapping, conf
 """
 
 
-def test_nemo_gyms_tools_give_full_results_on_our_files(tmp_path: Path, ng_python: Path) -> None:
-    files = polygym_run(tmp_path)
+def test_nemo_gyms_tools_give_full_results_on_our_files(
+    collected: Path, tmp_path: Path, ng_python: Path
+) -> None:
+    files = polygym_run(collected, tmp_path)
     ours = polygym_metrics(files)
 
     profile = run_nemo_gym(
@@ -209,8 +221,8 @@ target.with_name(target.stem + "_aggregate_metrics.json").write_text(json.dumps(
 """
 
 
-def test_our_tools_read_nemo_gyms_files(tmp_path: Path, ng_python: Path) -> None:
-    files = polygym_run(tmp_path)
+def test_our_tools_read_nemo_gyms_files(collected: Path, tmp_path: Path, ng_python: Path) -> None:
+    files = polygym_run(collected, tmp_path)
     made = run_nemo_gym_code(ng_python, AS_NEMO_GYM, str(files.output), "ng.jsonl", cwd=tmp_path)
     assert made.returncode == 0, made.stderr[-3000:]
     nemo = RunFiles(tmp_path / "ng.jsonl")

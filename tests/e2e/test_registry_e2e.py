@@ -44,7 +44,8 @@ def impostor_app() -> tuple[Starlette, list[str]]:
     return Starlette(routes=[Route("/{path:path}", anything, methods=["GET", "POST"])]), hits
 
 
-async def test_an_impostor_cannot_take_over_the_policy_model() -> None:
+async def test_an_impostor_cannot_take_over_the_policy_model_of_a_standalone_stack() -> None:
+    """A stack no collector started: its servers' pools have no limit, and its registry holds."""
     stack = Stack(two_env_config(), backend="subprocess", head_port=0, record=False)
     await stack.start()
     app, hits = impostor_app()
@@ -52,6 +53,7 @@ async def test_an_impostor_cannot_take_over_the_policy_model() -> None:
     await impostor.start()
     client = ServerClient(stack.head_url, pool_size=8)
     try:
+        assert {s["pool_size"] for s in stack.servers()} == {None}  # no collector's cap to follow
         real = next(s for s in stack.servers() if s["name"] == "policy_model")
         claim = {**real, "url": impostor.url, "pid": psutil.Process().pid}
         register = f"{stack.head_url}/register"
@@ -110,15 +112,6 @@ async def test_pools_follow_the_collectors_concurrency() -> None:
         client = await spawned.connect()
         assert client.pool_size == 2000
         assert {s["pool_size"] for s in await client.servers()} == {2000}
-
-
-async def test_a_standalone_stack_has_no_pool_limit() -> None:
-    stack = Stack(two_env_config(), backend="subprocess", head_port=0, record=False)
-    await stack.start()
-    try:
-        assert {s["pool_size"] for s in stack.servers()} == {None}
-    finally:
-        await stack.stop()
 
 
 async def test_the_stack_secret_stays_inside_the_stack(state_dir: Path) -> None:

@@ -181,20 +181,23 @@ def test_reverify_joins_a_running_stack(run_dir: Path, start_stack: Any) -> None
     assert diff_of(run_dir / "out_reverified.jsonl")["changed"] == 1
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
-def test_a_killed_reverify_resumes_exactly(tmp_path: Path, sig: signal.Signals) -> None:
-    first = judged(
-        tmp_path,
-        "VERDICT: CORRECT",
-        "run",
-        "--input",
-        str(JUDGE_DATA),
-        "--output",
-        "out.jsonl",
-        "--num-repeats",
-        "12",
-    )
+@pytest.fixture(scope="module")
+def judged_twelve_times(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One judged `gym eval run` of 5 rows x 12 repeats (every verdict correct), for the signals'
+    cases to copy: each reverifies the same 60 rollouts."""
+    where = tmp_path_factory.mktemp("judged")
+    args = ["run", "--input", str(JUDGE_DATA), "--output", "out.jsonl", "--num-repeats", "12"]
+    first = judged(where, "VERDICT: CORRECT", *args)
     assert first.returncode == 0, first.stderr
+    return where
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_a_killed_reverify_resumes_exactly(
+    judged_twelve_times: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    for path in judged_twelve_times.glob("out*"):
+        shutil.copy(path, tmp_path / path.name)
     slow_judge = JUDGE_CONFIG.format(answer="VERDICT: INCORRECT").replace(
         "app.py", "app.py\n      latency_ms: 40"
     )

@@ -56,7 +56,9 @@ async def test_every_example_row_is_solved_and_sessions_released(backend: str) -
         await stack.stop()
 
 
-def test_two_stacks_side_by_side(start_stack: Any) -> None:
+def test_two_stacks_side_by_side_each_stopped_cleanly_by_sigint(start_stack: Any) -> None:
+    """Two inline stacks on one machine serve apart; Ctrl-C stops one (exit 0, its record gone)
+    and leaves the other listed."""
     first = start_stack(*SELECTORS)
     second = start_stack(*SELECTORS)
     assert first.record["head_url"] != second.record["head_url"]
@@ -66,6 +68,11 @@ def test_two_stacks_side_by_side(start_stack: Any) -> None:
     for stack in (first, second):
         reply = _post(stack.server("example_single_tool_call_simple_agent")["url"] + "/run", row)
         assert reply["reward"] == 1.0
+    for stack, left in ((first, [second.record["stack_id"]]), (second, [])):
+        assert wait_until(lambda s=stack: "ready:" in s.output(), 10)  # printed just after the record
+        stack.proc.send_signal(signal.SIGINT)
+        assert stack.wait(10) == 0
+        assert [record["stack_id"] for record in stacks.list_stacks()] == left
 
 
 def _post(url: str, payload: Any) -> Any:
@@ -107,14 +114,6 @@ def test_stop_from_another_terminal(start_stack: Any) -> None:
     assert stack.wait(10) == 0
     assert wait_until(lambda: all(gone(pid) for pid in stack.child_pids()), 10)
     assert "stopped 5 servers" in stack.output()
-
-
-def test_sigterm_stops_inline_stack_cleanly(start_stack: Any) -> None:
-    stack = start_stack(*SELECTORS)
-    assert wait_until(lambda: "ready:" in stack.output(), 10)  # printed just after the record
-    stack.proc.send_signal(signal.SIGINT)
-    assert stack.wait(10) == 0
-    assert stacks.list_stacks() == []
 
 
 @pytest.mark.parametrize(

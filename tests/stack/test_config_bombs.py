@@ -66,11 +66,27 @@ def test_an_alias_that_contains_itself_is_refused(tmp_path: Path) -> None:
         load_config([config], env_files=[])
 
 
-def test_deep_nesting_is_an_invalid_yaml_problem_not_a_crash(tmp_path: Path) -> None:
+@pytest.mark.parametrize("levels", [bounded_yaml.MAX_DEPTH + 1, 700, 5000])
+def test_deep_nesting_is_an_invalid_yaml_problem_not_a_crash(tmp_path: Path, levels: int) -> None:
+    """Past the bound, below the parser's own limit (libyaml: 1000 levels) and past it."""
     config = tmp_path / "deep.yaml"
-    config.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
-    with pytest.raises(ConfigError, match=r"deep\.yaml: invalid YAML: nested too deeply to parse"):
+    config.write_text("a: " + "[" * levels + "]" * levels + "\n")
+    with pytest.raises(ConfigError, match=r"deep\.yaml(:\d+:\d+)?: invalid YAML: "):
         load_config([config], env_files=[])
+    if levels < 1000:
+        with pytest.raises(ConfigError, match=r"deep\.yaml: invalid YAML: nested too deeply to parse"):
+            load_config([config], env_files=[])
+
+
+def test_nesting_by_aliases_counts_as_expanded() -> None:
+    """Each anchored value nests 40 levels; three of them, one inside the next, nest 120."""
+    text, inner = "", "1"
+    for name in "abc":
+        text += f"{name}: &{name} " + "[" * 39 + f"[{inner}]" + "]" * 39 + "\n"
+        inner = f"*{name}"
+    assert bounded_yaml.safe_load("\n".join(text.splitlines()[:2]))["b"]  # 81 levels
+    with pytest.raises(bounded_yaml.YAMLTooLarge, match="nested too deeply to parse"):
+        bounded_yaml.safe_load(text)
 
 
 def test_ordinary_anchors_and_merge_keys_still_load() -> None:
