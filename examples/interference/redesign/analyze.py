@@ -27,7 +27,7 @@ if not __package__:  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from polygym.collect.regression import task_rewards
-from polygym.collect.statistics import Estimate, paired_bootstrap
+from polygym.collect.statistics import Estimate, paired_bootstrap, t_quantile
 
 ENVS = {
     "reasoning_gym_simple_agent": "A",
@@ -58,6 +58,17 @@ def averaged(per_prompt: dict[int, list[float]]) -> dict[int, float]:
 
 def estimate(values: list[float]) -> Estimate:
     return paired_bootstrap({"": values})
+
+
+def across_seeds(per_seed: list[float]) -> str:
+    """Mean of the seeds' own changes with a Student t 95% interval, the seed as the unit: the
+    prompt bootstrap above leaves out how much the seeds disagree (2026-12-06: one seed of three
+    moved B the other way)."""
+    if len(per_seed) < 2:
+        return "-"
+    mean = statistics.fmean(per_seed)
+    half = t_quantile(0.975, len(per_seed) - 1) * statistics.stdev(per_seed) / len(per_seed) ** 0.5
+    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
 
 
 def same_start(seeds: list[Path]) -> bool:
@@ -95,12 +106,21 @@ def analyze(seeds: list[Path]) -> dict[str, Any]:
                     "n": len(per_prompt),
                     "change": fmt(found),
                     "per_seed": per_seed,
+                    "across_seeds": across_seeds(per_seed),
                     "estimate": found,
                 }
             )
     got = {(r["arm"], r["env"]): r["estimate"] for r in rows}
     b_alone, b_mixed = averaged(by_arm["A-only"]["B"]), averaged(by_arm["A+B"]["B"])
     advantage = estimate([b_mixed[t] - b_alone[t] for t in b_alone if t in b_mixed])
+    seed_advantage = [
+        mixed - alone
+        for mixed, alone in zip(
+            next(r["per_seed"] for r in rows if (r["arm"], r["env"]) == ("A+B", "B")),
+            next(r["per_seed"] for r in rows if (r["arm"], r["env"]) == ("A-only", "B")),
+            strict=True,
+        )
+    ]
     c1 = got[("A-only", "B")]
     a_alone, a_mixed = got[("A-only", "A")], got[("A+B", "A")]
     verdicts = {
@@ -123,6 +143,7 @@ def analyze(seeds: list[Path]) -> dict[str, Any]:
         "seeds": [str(s) for s in seeds],
         "rows": rows,
         "mix_advantage_on_B": fmt(advantage),
+        "mix_advantage_on_B_across_seeds": across_seeds(seed_advantage),
         "verdicts": verdicts,
     }
 
@@ -131,13 +152,20 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"{len(result['seeds'])} seeds: {', '.join(result['seeds'])}",
         "",
-        "| arm | environment | prompts | change, seed-averaged [95% CI] | per seed |",
-        "|---|---|---:|---|---|",
+        "| arm | environment | prompts | change, seed-averaged [95% CI over prompts] | per seed |"
+        " seeds as the unit [t 95% CI] |",
+        "|---|---|---:|---|---|---|",
     ]
     for r in result["rows"]:
         per_seed = ", ".join(f"{v:+.3f}" for v in r["per_seed"])
-        lines.append(f"| {r['arm']} | {r['env']} | {r['n']} | {r['change']} | {per_seed} |")
-    lines += ["", f"A+B minus A-only on B, per prompt: {result['mix_advantage_on_B']}", ""]
+        cells = [r["arm"], r["env"], str(r["n"]), r["change"], per_seed, r["across_seeds"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"A+B minus A-only on B, per prompt: {result['mix_advantage_on_B']};"
+        f" seeds as the unit: {result['mix_advantage_on_B_across_seeds']}",
+        "",
+    ]
     lines += [f"- {name}: {'met' if ok else 'not met'}" for name, ok in result["verdicts"].items()]
     return "\n".join(lines) + "\n"
 
