@@ -14,10 +14,8 @@ folder whose dependencies are in ``pyproject.toml`` and whose agent is a nested 
 ``NEMO_GYM`` is data: the rewards NeMo Gym 0.7.0's own reverify gave on the same stack, produced
 once by ``python -m benchmarks.nemo_gym_catalogue --folders <the folders below>`` (which runs both
 reverifies; 2026-12-06, this machine). polygym must give exactly those rewards, row by row, and
-score no row where NeMo Gym's reverify scores none, except where a case records a known difference
-(``known_difference``: the rewards polygym gives, so that a change either way is seen). For the
-folders that are not judges NeMo Gym's rewards are also the stored ones (asserted on the data
-below, so a wrong copy is caught).
+score no row where NeMo Gym's reverify scores none. For the folders that are not judges NeMo Gym's
+rewards are also the stored ones (asserted on the data below, so a wrong copy is caught).
 
 The first run on a machine builds NeMo Gym's base environment (minutes); with the cache each
 folder takes 15-50 s on a loaded 2-core machine.
@@ -47,8 +45,6 @@ class Case:
     """The rewards NeMo Gym's own reverify gave; empty where it scores no row, and why in ``note``."""
     judge: bool = False
     note: str = ""
-    known_difference: dict[Key, float] = field(default_factory=dict)
-    """Where polygym is known to differ from NeMo Gym: the rewards it gives instead (``note``: why)."""
 
 
 def rewards(*values: float) -> dict[Key, float]:
@@ -79,14 +75,12 @@ NEMO_GYM: dict[str, Case] = {
     "reasoning_gym": Case("reasoning_gym.yaml", STORED, note="stored rows lack task and entry"),
     # config_paths: responses_api_agents/toolsandbox_agent/configs/toolsandbox_agent.yaml, from the root
     "toolsandbox": Case("toolsandbox.yaml", STORED, rewards(0.0, 0.0, 0.0, 0.0, 0.0)),
-    # pyproject.toml dependencies; agent conversational_tool_use/simulation. Its /verify reads the
-    # session its rollout built: NeMo Gym's reverify sends none (HTTP 400), polygym's seeds a new one
+    # pyproject.toml dependencies and a nested agent folder (conversational_tool_use/simulation)
     "conversational_tool_use_simulation": Case(
         "conversational_tool_use_simulation.yaml",
         STORED,
         judge=True,
-        note="stateful /verify: polygym's reverify seeds an empty session, NeMo Gym's sends none",
-        known_difference={(task, 0): 0.0 for task in (0, 2, 3, 4, 6)},
+        note="stateful /verify: the session its rollout built is gone, HTTP 400 in both",
     ),
 }
 STORED_REWARDS = {"circle_count", "circle_click", "proof_genselect", "toolsandbox"}
@@ -115,5 +109,5 @@ def test_stored_rollouts_replay_with_nemo_gyms_rewards(folder: str, tmp_path: Pa
     assert result.error == ""
     assert result.inputs == case.inputs
     logs = (tmp_path / folder / "polygym.log").read_text()[-3000:]
-    assert result.polygym == (case.known_difference or case.nemo_gym), f"{case.note}\n{logs}"
+    assert result.polygym == case.nemo_gym, f"{case.note}\n{logs}"
     assert set(result.polygym) <= set(result.stored)
