@@ -15,13 +15,16 @@ indices) in both systems, and says so (``inputs``).
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,7 @@ MATERIALIZED = "materialized"
 RESULTS = ("response", "reward")
 JUDGE_CONFIG = Path(__file__).with_name("nemo_gym_fixed_judge.yaml")
 """The scripted model's rule that answers every judge prompt with one fixed verdict."""
+POLICY = "policy_model"
 
 
 @dataclass
@@ -69,6 +73,36 @@ def config_agent(config: Path) -> str | None:
         if isinstance(block, dict) and "responses_api_agents" in block:
             return str(name)
     return None
+
+
+def _model_refs(block: Any) -> Iterator[str]:
+    """The names of every model server a config block points at (``{type: responses_api_models, name}``)."""
+    if isinstance(block, dict):
+        if block.get("type") == "responses_api_models" and isinstance(block.get("name"), str):
+            yield block["name"]
+        for value in block.values():
+            yield from _model_refs(value)
+    elif isinstance(block, list):
+        for value in block:
+            yield from _model_refs(value)
+
+
+def undefined_models(config: Path) -> set[str]:
+    """The model servers ``config`` names and does not define, besides the policy: the judges of
+    configs that name their own (``genrm_model``, ``judge_model``, ...), user simulators.
+    ``???`` (a value the user must give) is not one, so such a config still says why it fails."""
+    loaded = yaml.safe_load(config.read_text()) or {}
+    return set(_model_refs(loaded)) - set(loaded) - {POLICY, "???"}
+
+
+def judge_config(config: Path, work: Path) -> Path:
+    """The fixed-verdict judge as ``policy_model`` (NeMo Gym's default judge) and as every other
+    model server ``config`` names without defining it, which would have no server on this stack."""
+    fixed = yaml.safe_load(JUDGE_CONFIG.read_text())[POLICY]
+    names = sorted({POLICY, *undefined_models(config)})
+    path = work / "fixed_judge.yaml"
+    path.write_text(yaml.safe_dump({name: copy.deepcopy(fixed) for name in names}))
+    return path
 
 
 def prepare(folder: Path, work: Path, agent: str | None) -> tuple[Path, str]:
@@ -107,35 +141,46 @@ def _gym(*args: str) -> list[str]:
 
 
 def _start(
-    root: Path, configs: list[Path], work: Path, deadline_s: float
+    root: Path, configs: list[Path], work: Path, deadline_s: float, ray_dir: str
 ) -> tuple[subprocess.Popen[str], str]:
-    """``gym env start`` on any free port; its head URL once it says ready (else its log, raised)."""
+    """``gym env start`` on any free port; its head URL once it says ready (else its log, raised).
+    NeMo Gym's servers that use Ray and are given no cluster join the machine's latest one (named
+    in Ray's temporary folder); on a shared machine that is another user's, of another Ray version,
+    so the stack gets a temporary folder of its own (``ray_dir``) and its servers a new cluster."""
     args = ["env", "start", "--head-port", "0", "--nemo-gym-root", str(root)]
     args += ["--model-type", "scripted_model"]
     for config in configs:
         args += ["--config", str(config)]
-    log = (work / "stack.log").open("w")
     env = {**os.environ, CACHE_ENV_VAR: str(env_cache()), PYTHON_ENV_VAR: str(NEMO_GYM_PYTHON)}
-    stack = subprocess.Popen(
-        _gym(*args),
-        cwd=work,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    env["RAY_TMPDIR"] = ray_dir
+    with (work / "stack.log").open("w") as log:
+        stack = subprocess.Popen(
+            _gym(*args),
+            cwd=work,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+    try:
+        return stack, _head_url(stack, work / "stack.log", deadline_s)
+    except BaseException:  # a failed start, and a run stopped meanwhile, stop the stack too
+        _stop(stack)
+        raise
+
+
+def _head_url(stack: subprocess.Popen[str], log: Path, deadline_s: float) -> str:
+    """The head URL once the stack's log says it is ready; its log's tail, raised, if it never does."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        text = (work / "stack.log").read_text(errors="replace")
-        found = READY.search(text)
+        found = READY.search(log.read_text(errors="replace"))
         if found:
-            return stack, found.group(1)
+            return found.group(1)
         if stack.poll() is not None:
             break
         time.sleep(1.0)
-    _stop(stack)
-    tail = (work / "stack.log").read_text(errors="replace").strip().splitlines()[-3:]
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
     raise RuntimeError("stack did not start: " + " | ".join(tail))
 
 
@@ -196,19 +241,22 @@ def replay(
     for row in iter_jsonl(rollouts):
         reward = row.get("reward")
         result.stored[_key(row)] = float(reward) if isinstance(reward, int | float) else None
-    try:
-        stack, head = _start(root, [config, *([JUDGE_CONFIG] if judge else [])], work, start_s)
-    except RuntimeError as exc:
-        result.error = str(exc)
-        return result
-    try:
-        if with_nemo_gym:
-            python = nemo_gym_python()
-            if python is None:
-                result.error = f"no environment with nemo-gym under {env_cache()}"
-                return result
-            result.nemo_gym = nemo_gym_reverify(python, head, work, 300)
-        result.polygym = polygym_reverify(head, rollouts, 300)
-    finally:
-        _stop(stack)
+    configs = [config, *([judge_config(config, work)] if judge else [])]
+    # short: Ray's socket paths under it must fit in 107 characters
+    with tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp", ignore_cleanup_errors=True) as ray_dir:
+        try:
+            stack, head = _start(root, configs, work, start_s, ray_dir)
+        except RuntimeError as exc:
+            result.error = str(exc)
+            return result
+        try:
+            if with_nemo_gym:
+                python = nemo_gym_python()
+                if python is None:
+                    result.error = f"no environment with nemo-gym under {env_cache()}"
+                    return result
+                result.nemo_gym = nemo_gym_reverify(python, head, work, 300)
+            result.polygym = polygym_reverify(head, rollouts, 300)
+        finally:
+            _stop(stack)
     return result

@@ -6,7 +6,10 @@ the rollouts again would cost the model calls and change the responses; reverifi
 each stored response to its environment's ``/verify`` again, exactly as the agent did at the end
 of the rollout (``polygym.servers.agent``): ``/seed_session`` with the row as sent, ``/verify``
 with the row and the stored response in that session, ``/end_session`` in every case. Stateful
-environments get their session back that way; stateless ones ignore it.
+environments get their session back that way; stateless ones ignore it. A server reverified only
+because of ``--force`` (NeMo Gym's, whose ``/reverify_mode`` is not ``stateless``) gets ``/verify``
+alone, as NeMo Gym's reverify sends it: a session seeded afresh would hold none of the rollout's
+state, and a stateful server would score that empty trajectory where NeMo Gym's refuses the row.
 
 For ``--rollouts X.jsonl`` (never touched) the run writes new files next to it:
 ``X_reverified.jsonl`` the rows with recomputed rewards, ``X_reverified_failures.jsonl`` the rows
@@ -295,15 +298,24 @@ class Verifier:
     against the resources server of its agent, in a session of its own."""
 
     def __init__(
-        self, client: ServerClient, resources: dict[str, str], sent: dict[tuple[int, int], dict[str, Any]]
+        self,
+        client: ServerClient,
+        resources: dict[str, str],
+        sent: dict[tuple[int, int], dict[str, Any]],
+        unseeded: frozenset[str] = frozenset(),
     ) -> None:
         self.client = client
         self.resources = resources
         self.sent = sent
+        self.unseeded = unseeded
+        """Servers verified without a session (the forced ones, as NeMo Gym's reverify does)."""
 
     async def __call__(self, job: Job, timeout_s: float, retry: RetryPolicy) -> Any:
         server = self.resources[job.agent]
         payload = verify_payload(job.row, self.sent.get(job.key))
+        if server in self.unseeded:
+            reply = await self.client.call(server, "/verify", payload, timeout_s=timeout_s, retry=retry)
+            return reply.json()
         seeded = await self.client.call(server, "/seed_session", payload, timeout_s=timeout_s, retry=retry)
         cookies = dict(seeded.cookies)
         try:
@@ -465,7 +477,7 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
         )
     if inputs is not None:
         check_inputs(plan, as_sent, inputs)
-    verifier = Verifier(client, resources, as_sent)
+    verifier = Verifier(client, resources, as_sent, frozenset(forced))
     limits = Limits(concurrency=settings.concurrency, timeout_s=settings.timeout_s)
     with RunLock(files):
         prepare(

@@ -97,15 +97,24 @@ def _roots() -> list[Path]:
     return _unique([Path.cwd(), project_root(), *nemo_gym_roots()])
 
 
+def _is_folder_name(name: str) -> bool:
+    """Folder names that can hold an implementation: not private, hidden, caches, or path tricks."""
+    return bool(name) and not name.startswith(("_", ".")) and "\\" not in name and name != "__pycache__"
+
+
 def _is_implementation_name(name: str) -> bool:
-    """Folder names that can be implementations: not private, hidden, caches, or path tricks."""
-    return (
-        bool(name)
-        and not name.startswith(("_", "."))
-        and "/" not in name
-        and "\\" not in name
-        and name != "__pycache__"
-    )
+    """A folder name, or NeMo Gym's nested ``folder/variant`` (``conversational_tool_use/simulation``
+    is ``responses_api_agents/conversational_tool_use/simulation/``, which NeMo Gym's launcher runs
+    from its own folder and environment); each part a folder name, so no ``..`` or absolute path."""
+    return all(_is_folder_name(part) for part in name.split("/"))
+
+
+def tree_root(path: Path) -> Path | None:
+    """The root of the server tree that holds ``path`` (``<root>/<kind>/<name>[/<variant>]/...``)."""
+    for parent in path.resolve().parents:
+        if parent.name in SERVER_KINDS:
+            return parent.parent
+    return None
 
 
 def _check_kind(kind: str) -> None:
@@ -133,7 +142,7 @@ def list_implementations(kind: str) -> list[str]:
     for root in _roots():
         folder = root / kind
         if folder.is_dir():
-            names.update(p.name for p in folder.iterdir() if p.is_dir() and _is_implementation_name(p.name))
+            names.update(p.name for p in folder.iterdir() if p.is_dir() and _is_folder_name(p.name))
     return sorted(names)
 
 

@@ -532,14 +532,6 @@ def _check_references(stack: _Stack, entry: _Entry, inner: Any, instances: dict[
 # ------------------------------------------------------------------------------------------- public
 
 
-def _tree_root(path: Path) -> Path | None:
-    """The root of the server tree that holds ``path`` (``<root>/<kind>/<name>/configs/x.yaml``)."""
-    for parent in path.resolve().parents:
-        if parent.name in SERVER_KINDS:
-            return parent.parent
-    return None
-
-
 def _include_dirs(including: Path) -> list[Path]:
     """Where a relative ``config_paths`` entry of ``including`` is looked for, in NeMo Gym's order:
     the NeMo Gym roots named by ``--nemo-gym-root`` (NeMo Gym's ``--search-dir``), the working
@@ -549,7 +541,7 @@ def _include_dirs(including: Path) -> list[Path]:
     directory, as ``ng_run`` does."""
     installed = catalog.installed_nemo_gym_root()
     named = [root for root in catalog.nemo_gym_roots() if root != installed]
-    tree = _tree_root(including)
+    tree = catalog.tree_root(including)
     candidates = [*named, Path.cwd(), *([tree] if tree else []), *([installed] if installed else [])]
     return [*candidates, catalog.project_root(), including.resolve().parent]
 

@@ -185,9 +185,14 @@ def _project_dependencies(spec: ServerSpec, project: Path) -> tuple[str, ...]:
     return tuple(kept)
 
 
+def _root_of(spec: ServerSpec) -> Path:
+    """The tree the server's folder is in (a nested ``<kind>/<folder>/<variant>`` one's too)."""
+    return catalog.tree_root(spec.directory) or spec.directory.resolve().parent.parent
+
+
 def env_inputs(spec: ServerSpec, config: StackConfig) -> EnvInputs:
     """What the environment of ``spec`` is made of (config keys first, then the defaults)."""
-    root = spec.directory.resolve().parent.parent
+    root = _root_of(spec)
     package = nemo_gym_package(root, _text(config.globals.get(PACKAGE_KEY)))
     python = find_python(_text(config.globals.get(PYTHON_KEY)), package.requires_python)
     return EnvInputs(
@@ -295,7 +300,7 @@ class NemoGymServers:
         log_path = log_dir / f"{spec.name}.log"
         self.logs[spec.name] = log_path
         folder = str(spec.directory.resolve())
-        root = spec.directory.resolve().parent.parent
+        root = _root_of(spec)
         checkout = [str(root)] if (root / "pyproject.toml").is_file() else []  # as its editable install
         python_path = os.pathsep.join([folder, *checkout])
         child_env = {

@@ -40,6 +40,8 @@ class WeatherVerifyResponse(WeatherVerifyRequest, VerifyResponse):
 
 
 class ExampleSingleToolCall(ResourcesServer):
+    reverify_mode = "stateless"  # verify reads only the row and the response
+
     @tool
     async def get_weather(self, body: GetWeatherRequest) -> GetWeatherResponse:
         """Get the current weather for a city."""

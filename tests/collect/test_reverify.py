@@ -231,10 +231,10 @@ class Reply:
         return self.body
 
 
-def run_item(verify: Any) -> tuple[Result, FakeClient]:
+def run_item(verify: Any, unseeded: frozenset[str] = frozenset()) -> tuple[Result, FakeClient]:
     """One row through the collection engine, as ``reverify`` runs it."""
     client = FakeClient(verify)
-    verifier = Verifier(client, {"a": "env"}, {})  # type: ignore[arg-type]
+    verifier = Verifier(client, {"a": "env"}, {}, unseeded)  # type: ignore[arg-type]
 
     async def one() -> list[Result]:
         jobs = [item(1.0).job]
@@ -252,6 +252,14 @@ def test_a_row_is_seeded_verified_in_its_session_and_released() -> None:
         ("env", "/verify", {"session": "s1"}),
         ("env", "/end_session", {"session": "s1"}),
     ]
+
+
+def test_a_forced_server_gets_verify_alone_as_nemo_gyms_reverify_sends_it() -> None:
+    """A stateful NeMo Gym server would score a freshly seeded, empty session; NeMo Gym's reverify
+    seeds none, so the server answers as it does there (a refusal, or the same reward)."""
+    outcome, client = run_item(lambda payload: {**payload, "reward": 1.0}, unseeded=frozenset({"env"}))
+    assert outcome.rollout["reward"] == 1.0
+    assert client.calls == [("env", "/verify", None)]
 
 
 def test_a_failed_verify_is_a_failure_of_its_class_and_the_session_is_still_released() -> None:

@@ -5,8 +5,11 @@ folder's stack, which polygym starts from NeMo Gym's own config with NeMo Gym's 
 (``tests/nemo_gym_replay.py``). The sample covers the issue's failure classes: gymnasium servers,
 a same-named folder polygym ships (``mcqa``, ``reasoning_gym``), rows whose inputs are only in
 ``example_rollouts_materialized_inputs.jsonl`` and rows that carry the verifier's own output
-fields, and two judge environments, whose judge (``judge_model_server: policy_model``) is the
-scripted model with one fixed verdict (``tests/nemo_gym_fixed_judge.yaml``).
+fields, a config whose ``config_paths`` are found under the NeMo Gym root (``toolsandbox``), a
+folder whose dependencies are in ``pyproject.toml`` and whose agent is a nested folder
+(``conversational_tool_use_simulation``), and judge environments, whose judge
+(``judge_model_server``) is the scripted model with one fixed verdict
+(``tests/nemo_gym_fixed_judge.yaml``).
 
 ``NEMO_GYM`` is data: the rewards NeMo Gym 0.7.0's own reverify gave on the same stack, produced
 once by ``python -m benchmarks.nemo_gym_catalogue --folders <the folders below>`` (which runs both
@@ -70,8 +73,17 @@ NEMO_GYM: dict[str, Case] = {
     # polygym's same-named folders: stored rows lack input fields kept only in example.jsonl
     "mcqa": Case("mcqa.yaml", STORED, note="stored rows carry extracted_answer but lack options"),
     "reasoning_gym": Case("reasoning_gym.yaml", STORED, note="stored rows lack task and entry"),
+    # config_paths: responses_api_agents/toolsandbox_agent/configs/toolsandbox_agent.yaml, from the root
+    "toolsandbox": Case("toolsandbox.yaml", STORED, rewards(0.0, 0.0, 0.0, 0.0, 0.0)),
+    # pyproject.toml dependencies and a nested agent folder (conversational_tool_use/simulation)
+    "conversational_tool_use_simulation": Case(
+        "conversational_tool_use_simulation.yaml",
+        STORED,
+        judge=True,
+        note="stateful /verify: the session its rollout built is gone, HTTP 400 in both",
+    ),
 }
-STORED_REWARDS = {"circle_count", "circle_click", "proof_genselect"}
+STORED_REWARDS = {"circle_count", "circle_click", "proof_genselect", "toolsandbox"}
 """Folders where NeMo Gym's reverify gives back the stored rewards (the others: another judge)."""
 
 

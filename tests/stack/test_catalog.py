@@ -5,6 +5,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
+from polygym.errors import ConfigError
 from polygym.stack.catalog import (
     NEMO_GYM_ROOT_ENV_VAR,
     SHADOWS,
@@ -12,6 +15,7 @@ from polygym.stack.catalog import (
     folder_origin,
     list_implementations,
     project_root,
+    tree_root,
 )
 from tests.conftest import run_gym
 
@@ -76,3 +80,23 @@ def test_gymnasium_agent_is_nemo_gyms_name_and_polygyms_agent_has_its_own(tmp_pa
     monkeypatch.setenv(NEMO_GYM_ROOT_ENV_VAR, str(root))
     found = find_implementation_dir("responses_api_agents", "gymnasium_agent")
     assert found == root / "responses_api_agents" / "gymnasium_agent"
+
+
+def test_a_nested_nemo_gym_implementation_reaches_its_variant_folder(tmp_path, monkeypatch):
+    """NeMo Gym names ``conversational_tool_use/simulation``: the folder
+    ``responses_api_agents/conversational_tool_use/simulation/``, in the tree of its root."""
+    root = tmp_path / "ng"
+    variant = root / "responses_api_agents" / "conversational_tool_use" / "simulation"
+    variant.mkdir(parents=True)
+    monkeypatch.setenv(NEMO_GYM_ROOT_ENV_VAR, str(root))
+    assert find_implementation_dir("responses_api_agents", "conversational_tool_use/simulation") == variant
+    assert tree_root(variant) == root.resolve()
+    assert tree_root(variant.parent) == root.resolve()
+
+
+@pytest.mark.parametrize("name", ["simple_agent/../../escape", "/etc", "a//b", "a/.hidden", "a/__pycache__"])
+def test_a_nested_name_cannot_leave_its_kind_folder(name, tmp_path, monkeypatch):
+    (tmp_path / "responses_api_agents" / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="unknown responses_api_agents implementation"):
+        find_implementation_dir("responses_api_agents", name)
