@@ -35,6 +35,25 @@ class Parity(EpisodicServer):
         return StepResult(f"turn {session.state['turns']} done.", reward, terminated=over)
 '''
 
+TALLY_APP = '''
+"""Three turns; each earns a share set by every character of the reply (the sum of their code
+points, modulo 97), so two different replies almost never score alike: a GRPO group of a random
+model has an advantage to follow in every run, where parity's coin flips tie one group in three."""
+from polygym import EpisodicServer, StepResult
+
+
+class Tally(EpisodicServer):
+    async def reset(self, row, session):
+        session.state["turns"] = 0
+        return "Say anything."
+
+    async def step(self, action, session):
+        session.state["turns"] += 1
+        reward = sum(map(ord, action)) % 97 / 97 / 3
+        over = session.state["turns"] >= 3
+        return StepResult(f"turn {session.state['turns']} done.", reward, terminated=over)
+'''
+
 PARITY_CONFIG = """
 parity:
   resources_servers:
@@ -61,7 +80,11 @@ boom_simple_agent:
       model_server: {type: responses_api_models, name: policy_model}
 """
 
-ENVIRONMENTS = {"parity": (PARITY_APP, PARITY_CONFIG), "boom": (BOOM_APP, BOOM_CONFIG)}
+ENVIRONMENTS = {
+    "parity": (PARITY_APP, PARITY_CONFIG),
+    "tally": (TALLY_APP, PARITY_CONFIG.replace("parity", "tally")),
+    "boom": (BOOM_APP, BOOM_CONFIG),
+}
 
 
 def write_environments(root: Path, *names: str) -> None:

@@ -59,16 +59,16 @@ def test_grpo_trainer_trains_one_step_through_a_polygym_stack(
 ) -> None:
     model, tokenizer, server = policy
     example = trl_example()
-    write_environments(tmp_path, "parity")
-    stack = start_stack(*token_stack_args(server.url, "guess_number", "parity"), cwd=tmp_path)
+    write_environments(tmp_path, "tally")
+    stack = start_stack(*token_stack_args(server.url, "guess_number", "tally"), cwd=tmp_path)
     agents = example.agent_urls(head_url(stack))
-    assert {"guess_number_gymnasium_agent", "parity_gymnasium_agent"} <= set(agents)
+    assert {"guess_number_gymnasium_agent", "tally_gymnasium_agent"} <= set(agents)
 
     rows = [
         game_row(2),
-        agent_row("parity_gymnasium_agent"),
+        agent_row("tally_gymnasium_agent"),
         game_row(7),
-        agent_row("parity_gymnasium_agent"),
+        agent_row("tally_gymnasium_agent"),
     ]
     dataset = example.dataset_rows(rows)
     inner = example.make_rollout_func(agents, dataset, timeout_s=120)
@@ -115,7 +115,10 @@ def test_grpo_trainer_trains_one_step_through_a_polygym_stack(
         scored = scored_logprobs(initial, prompt, completion)
         generated = [(s, lp) for s, lp, m in zip(scored, logprobs, mask, strict=True) if m]
         assert generated and all(math.isclose(s, lp, abs_tol=1e-3) for s, lp in generated)
-    # rewards vary inside a group, so the step had a gradient, and the optimizer took it
+    # rewards vary inside a group (tally's replies differ), so the step had a gradient, and the
+    # optimizer took it
+    tally_groups = [out["env_reward"][i : i + 2] for i in (2, 6)]
+    assert any(len(set(group)) == 2 for group in tally_groups), tally_groups
     assert trainer.state.global_step == 1
     initial_weights = dict(initial.named_parameters())
     assert any(not torch.equal(initial_weights[name], p.detach()) for name, p in model.named_parameters())
