@@ -17,42 +17,38 @@ from tests.conftest import BOOM_APP, ROOT
 
 TRL_EXAMPLE = ROOT / "examples" / "trainers" / "trl" / "nemo_gym_grpo.py"
 
-PARITY_APP = '''
-"""Three turns; each turn whose reply starts with a character of even code point earns 1/3."""
+
+def three_turn_game(doc: str, reward: str) -> str:
+    """A server folder's ``app.py``: a game of three turns, each earning ``reward`` (an expression
+    of the reply, ``action``)."""
+    return f'''
+"""{doc}"""
 from polygym import EpisodicServer, StepResult
 
 
-class Parity(EpisodicServer):
+class Game(EpisodicServer):
     async def reset(self, row, session):
         session.state["turns"] = 0
         return "Say anything."
 
     async def step(self, action, session):
         session.state["turns"] += 1
-        text = action.strip()
-        reward = 1 / 3 if text and ord(text[0]) % 2 == 0 else 0.0
+        reward = {reward}
         over = session.state["turns"] >= 3
-        return StepResult(f"turn {session.state['turns']} done.", reward, terminated=over)
+        return StepResult(f"turn {{session.state['turns']}} done.", reward, terminated=over)
 '''
 
-TALLY_APP = '''
-"""Three turns; each earns a share set by every character of the reply (the sum of their code
-points, modulo 97), so two different replies almost never score alike: a GRPO group of a random
-model has an advantage to follow in every run, where parity's coin flips tie one group in three."""
-from polygym import EpisodicServer, StepResult
 
-
-class Tally(EpisodicServer):
-    async def reset(self, row, session):
-        session.state["turns"] = 0
-        return "Say anything."
-
-    async def step(self, action, session):
-        session.state["turns"] += 1
-        reward = sum(map(ord, action)) % 97 / 97 / 3
-        over = session.state["turns"] >= 3
-        return StepResult(f"turn {session.state['turns']} done.", reward, terminated=over)
-'''
+PARITY_APP = three_turn_game(
+    "Each turn whose reply starts with a character of even code point earns 1/3.",
+    "1 / 3 if action.strip() and ord(action.strip()[0]) % 2 == 0 else 0.0",
+)
+TALLY_APP = three_turn_game(
+    "Each turn earns a share set by every character of the reply (the sum of their code points,"
+    " modulo 97), so two different replies almost never score alike: a GRPO group of a random model"
+    " has an advantage to follow in every run, where parity's coin flips tie one group in three.",
+    "sum(map(ord, action)) % 97 / 97 / 3",
+)
 
 PARITY_CONFIG = """
 parity:
