@@ -21,9 +21,10 @@ The process contract, read from NeMo Gym's ``ng_run`` (``nemo_gym/cli/env.py``,
   under ``head_server``: a NeMo Gym server's ``ServerClient`` resolves names from this config.
 * **Its address**: NeMo Gym's parent chooses the port and the child binds it (the child reads it
   from the config). polygym otherwise binds, never probes (DESIGN §4), but this contract leaves
-  no other way: a free port is taken from the OS just before the child starts, as ``ng_run``
-  does. The launcher registers the child in the head registry by that URL once it accepts
-  connections, so polygym's servers and collectors reach it by name like any other.
+  no other way: a free port is chosen just before the child starts, as ``ng_run`` does, below
+  the range outgoing connections draw from, and the child counts as listening only once it holds
+  that port itself (``net.child_port``). The launcher registers the child in the head registry
+  by that URL once it does, so polygym's servers and collectors reach it by name like any other.
 
 polygym's servers start first (their addresses go into the children's config), then every NeMo
 Gym server at once; a child that dies is reported by name with its log tail, as the subprocess
@@ -38,7 +39,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -52,6 +52,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from polygym.errors import ConfigError
+from polygym.net.child_port import holds_listener, port_for_a_child
 from polygym.stack import catalog
 from polygym.stack import records as stacks
 from polygym.stack.backend import (
@@ -209,13 +210,6 @@ def _text(value: Any) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
-def free_port(host: str) -> int:
-    """A port the OS has free now; the child binds it (see the module docstring for why)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def global_config(
     config: StackConfig, addresses: dict[str, tuple[str, int]], head_url: str
 ) -> dict[str, Any]:
@@ -282,7 +276,7 @@ class NemoGymServers:
         envs = {name: built[distinct.index(each)] for name, each in inputs.items()}
         addresses = {name: _address(entry["url"]) for name, entry in registry.entries.items()}
         for spec in self.specs:
-            addresses[spec.name] = ("127.0.0.1", free_port("127.0.0.1"))
+            addresses[spec.name] = ("127.0.0.1", port_for_a_child("127.0.0.1"))
         missing = [name for name in config.servers if name not in addresses]
         if missing:
             raise LaunchError(f"no address for {', '.join(missing)} to give NeMo Gym's servers")
@@ -334,7 +328,7 @@ class NemoGymServers:
                 if proc.returncode is not None:
                     raise LaunchError(self.describe_death(name, proc.returncode, "while starting"))
                 host, port = addresses[name]
-                if await _accepts(host, port):
+                if await _accepts(host, port) and holds_listener(proc.pid, port):
                     url = f"http://{host}:{port}"
                     entry = RunningServer(name, spec.kind, spec.implementation, url, proc.pid)
                     registry.register({**asdict(entry), "nemo_gym": True})

@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from polygym.jsonl import iter_jsonl
-from polygym.stack.nemo_gym_server import free_port
+from polygym.net.child_port import port_for_a_child
 from tests.conftest import ROOT, run_gym
 from tests.nemo_gym_tools import nemo_gym_command, nemo_gym_env, run_nemo_gym, tools_python
 
@@ -101,7 +101,7 @@ class NemoGymStack:
         for folder in NEMO_SERVER_FOLDERS:
             (venvs / folder).mkdir(parents=True)
             (venvs / folder / ".venv").symlink_to(python.parent.parent)
-        self.head_url = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+        self.head_url = f"http://127.0.0.1:{port_for_a_child('127.0.0.1')}"
         settings = {
             "policy_base_url": f"{model_url}/v1",
             "policy_api_key": "none",
