@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import anthropic
 import httpx
 import pytest
 
@@ -22,6 +21,9 @@ from responses_api_models.anthropic_model.app import AnthropicModel
 from responses_api_models.openai_model.app import OpenAIModel
 from responses_api_models.scripted_model.app import ScriptedModel
 from tests.conftest import WEATHER_RULE
+
+if TYPE_CHECKING:
+    import anthropic
 
 pytestmark = pytest.mark.e2e
 
@@ -50,11 +52,21 @@ async def scripted() -> AsyncIterator[AppServer]:
 async def with_sdk(url: str, use: Callable[[anthropic.Anthropic], T]) -> T:
     """Run ``use`` with a sync SDK client in a thread (the server shares this event loop)."""
 
+    import anthropic  # here, not at the top: 2 s of import that every xdist worker would pay to collect
+
     def run() -> T:
         with anthropic.Anthropic(base_url=url, api_key="x", max_retries=0) as client:
             return use(client)
 
     return await asyncio.to_thread(run)
+
+
+def sdk_error(name: str) -> type[Exception]:
+    """One of the SDK's error classes (the SDK is imported only by the tests that run it)."""
+    import anthropic
+
+    error: type[Exception] = getattr(anthropic, name)
+    return error
 
 
 def tool_round_trip(client: anthropic.Anthropic) -> list[Any]:
@@ -136,7 +148,7 @@ async def test_bad_requests_get_anthropic_errors(scripted: AppServer) -> None:
         caught = []
         bodies: list[Any] = [[], [{"role": "user", "content": [{"type": "video"}]}]]
         for messages in bodies:
-            with pytest.raises(anthropic.BadRequestError) as error:
+            with pytest.raises(sdk_error("BadRequestError")) as error:
                 client.messages.create(model="m", max_tokens=8, messages=messages)
             caught.append(error.value)
         return caught
@@ -158,7 +170,7 @@ async def test_model_errors_come_back_anthropic_shaped(scripted: AppServer) -> N
     script = '[{"error": 429, "message": "slow down"}]'
 
     def limited(client: anthropic.Anthropic) -> Any:
-        with pytest.raises(anthropic.RateLimitError) as error:
+        with pytest.raises(sdk_error("RateLimitError")) as error:
             client.messages.create(
                 model="m",
                 max_tokens=8,
@@ -215,7 +227,7 @@ async def test_messages_on_a_server_that_relays_bytes(scripted: AppServer) -> No
 
     def use(client: anthropic.Anthropic) -> tuple[list[Any], Any]:
         replies = tool_round_trip(client)
-        with pytest.raises(anthropic.InternalServerError) as error:
+        with pytest.raises(sdk_error("InternalServerError")) as error:
             client.messages.create(
                 model="m",
                 max_tokens=8,
