@@ -63,8 +63,8 @@ in front of the agent, and the model server."""
 READY_TIMEOUT_S = 300.0
 """ng_run starts Ray and seven servers; on a loaded two-core machine that takes a while."""
 STOP_TIMEOUT_S = 60.0
-RAY_PROCESS_HINTS = ("ray", "gcs_server", "raylet")
-"""How Ray's processes are told from NeMo Gym's servers in ng_run's tree (name or command line)."""
+RAY_BINARIES = ("gcs_server", "raylet")
+RAY_PACKAGE = "/site-packages/ray/"
 COMPARED = (
     "start_s",
     "window_s",
@@ -99,10 +99,14 @@ def nemo_gym_rows(root: Path, path: Path) -> Path:
     return path
 
 
+def config_files(root: Path) -> list[Path]:
+    """The configs ng_run starts: each environment's own, and the openai_model's (policy_model)."""
+    configs = [root / "resources_servers" / env / "configs" / f"{env}.yaml" for env in ENVS]
+    return [*configs, root / "responses_api_models" / "openai_model" / "configs" / "openai_model.yaml"]
+
+
 def stack_overrides(root: Path, model_url: str, head_port: int, venvs: Path) -> list[str]:
     """ng_run's command line (Hydra overrides): the configs, the policy, the head, the venvs."""
-    configs = [root / "resources_servers" / env / "configs" / f"{env}.yaml" for env in ENVS]
-    configs.append(root / "responses_api_models" / "openai_model" / "configs" / "openai_model.yaml")
     settings = {
         "policy_base_url": model_url,
         "policy_api_key": "bench",
@@ -113,7 +117,7 @@ def stack_overrides(root: Path, model_url: str, head_port: int, venvs: Path) -> 
         "skip_venv_if_present": "true",
     }
     return [
-        f"+config_paths=[{','.join(map(str, configs))}]",
+        f"+config_paths=[{','.join(map(str, config_files(root)))}]",
         *(f"++{key}={value}" for key, value in settings.items()),
     ]
 
@@ -200,15 +204,19 @@ class NemoGymStack:
         self.log.close()
 
 
-def ray_cpu_seconds(stack: NemoGymStack) -> float:
-    """CPU seconds so far of the Ray processes of ng_run's session."""
-    pids = []
-    for proc in stack.session():
-        with contextlib.suppress(psutil.Error):
-            words = " ".join([proc.name(), *proc.cmdline()[:3]])
-            if any(hint in words for hint in RAY_PROCESS_HINTS):
-                pids.append(proc.pid)
-    return sum(cpu_seconds([pid]) for pid in pids)
+def is_ray(proc: psutil.Process) -> bool:
+    """Whether a process of ng_run's session is one of Ray's (its binaries, its Python modules, its
+    workers, which rename themselves ``ray::...``) rather than NeMo Gym's head or a server."""
+    try:
+        words = [proc.name(), *proc.cmdline()[:3]]
+    except psutil.Error:
+        return False
+    return any(w in RAY_BINARIES or w.startswith(("ray::", "ray-")) or RAY_PACKAGE in w for w in words)
+
+
+def ray_pids(stack: NemoGymStack) -> list[int]:
+    """The Ray processes of ng_run's session (with their children, through ``tree``)."""
+    return [proc.pid for proc in stack.session() if is_ray(proc)]
 
 
 def run_collector(
@@ -232,11 +240,12 @@ def measure(python: Path, concurrency: int, latency_ms: float, repeats: int, sta
     stack: NemoGymStack | None = None
     try:
         stack = NemoGymStack(python, upstream.url_of("policy_model") + "/v1", state / "stack")
-        stack_cpu, ray_cpu = cpu_seconds(stack.pids), ray_cpu_seconds(stack)
-        with MemorySampler(stack.pids) as memory:
+        ray = ray_pids(stack)
+        stack_cpu, ray_cpu = cpu_seconds(stack.pids), cpu_seconds(ray)
+        with MemorySampler(stack.pids) as memory, MemorySampler(ray) as ray_memory:
             cell = run_collector(python, stack.head_port, rows, state / "out.jsonl", concurrency, repeats)
         stack_cpu = cpu_seconds(stack.pids) - stack_cpu
-        ray_cpu = ray_cpu_seconds(stack) - ray_cpu
+        ray_cpu = cpu_seconds(ray) - ray_cpu
     finally:
         if stack is not None:
             stack.stop()
@@ -245,7 +254,8 @@ def measure(python: Path, concurrency: int, latency_ms: float, repeats: int, sta
         **seed_flow.cell_result(concurrency, latency_ms, cell, stack_cpu, memory.peak),
         **seed_flow.rollout_work(state / "out.jsonl"),
         "stack_ready_s": stack.ready_s,
-        "ray_cpu_ms_per_rollout": 1000 * ray_cpu / cell["rows"],
+        "stack_ray_cpu_ms_per_rollout": 1000 * ray_cpu / cell["rows"],
+        "stack_ray_peak_rss_mib": ray_memory.peak / 2**20,
     }
 
 
