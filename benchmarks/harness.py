@@ -181,8 +181,8 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
     """A plain fixed-width table (benchmarks must print readable text anywhere)."""
     if not rows:
         return
-    columns = list(rows[0])
-    cells = [[_cell(r.get(c)) for c in columns] for r in rows]
+    columns = list(dict.fromkeys(column for row in rows for column in row))  # every row's, in order
+    cells = [[_cell(r[c]) if c in r else "" for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     print(f"\n{title}")
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))

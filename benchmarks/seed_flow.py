@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import GymStack, MemorySampler, cpu_seconds, print_table, write_json
-from benchmarks.throughput import ENVS, mixed_input, stack_args
+from benchmarks.throughput import ENVS, mixed_input, model_calls, stack_args
+from polygym.jsonl import count_rows, iter_jsonl
 
 
 class RowWatch:
@@ -74,27 +75,21 @@ class RowWatch:
         self._thread.join()
 
 
-def run_eval(
-    head_url: str, rows: Path, output: Path, concurrency: int, repeats: int, state: Path
+def timed_command(
+    command: list[str], env: dict[str, str], output: Path, expected: int, cwd: Path | None = None
 ) -> dict[str, Any]:
-    """`gym eval run --no-serve` as a user types it; phase times, CPU and peak RSS of the process."""
-    command = [
-        *(sys.executable, "-m", "polygym", "eval", "run", "--no-serve", "--head-url", head_url),
-        *("--input", str(rows), "--output", str(output), "--overwrite"),
-        *("--concurrency", str(concurrency), "--num-repeats", str(repeats)),
-    ]
-    env = {**os.environ, "POLYGYM_STATE_DIR": str(state)}
-    expected = repeats * sum(1 for _ in rows.open())
+    """Run a collector command to its end, timing its phases from the rows it appends to ``output``;
+    its CPU and peak RSS (children included) come from wait4."""
     with tempfile.TemporaryFile() as log, RowWatch(output, expected) as watch:
         began = time.perf_counter()
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
         ended = time.perf_counter()
         proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
         tail = log.read().decode(errors="replace")[-2000:]
     if proc.returncode != 0 or watch.first is None or watch.last is None:
-        raise RuntimeError(f"gym eval run exited {proc.returncode} with {watch.rows} rows:\n{tail}")
+        raise RuntimeError(f"{command[0]} exited {proc.returncode} with {watch.rows} rows:\n{tail}")
     return {
         "rows": watch.rows,
         "start_s": watch.first - began,
@@ -106,14 +101,65 @@ def run_eval(
     }
 
 
-def measure(concurrency: int, latency_ms: float, repeats: int, state: Path) -> dict[str, Any]:
-    """One cell: a fresh endpoint and stack, one `gym eval run` against them."""
-    rows = mixed_input(state / "input.jsonl")
-    upstream = GymStack(
+def run_eval(
+    head_url: str, rows: Path, output: Path, concurrency: int, repeats: int, state: Path
+) -> dict[str, Any]:
+    """`gym eval run --no-serve` as a user types it; phase times, CPU and peak RSS of the process."""
+    command = [
+        *(sys.executable, "-m", "polygym", "eval", "run", "--no-serve", "--head-url", head_url),
+        *("--input", str(rows), "--output", str(output), "--overwrite"),
+        *("--concurrency", str(concurrency), "--num-repeats", str(repeats)),
+    ]
+    env = {**os.environ, "POLYGYM_STATE_DIR": str(state)}
+    return timed_command(command, env, output, repeats * count_rows(rows))
+
+
+def scripted_endpoint(latency_ms: float, state: Path) -> GymStack:
+    """The policy: the scripted model served by its own `gym env start` at a fixed latency, an
+    OpenAI-compatible endpoint at ``url_of("policy_model") + "/v1"``."""
+    return GymStack(
         ["--model-type", "scripted_model", "--head-port", "0",
          f"policy_model.responses_api_models.scripted_model.latency_ms={latency_ms}"],
         state / "up",
     )  # fmt: skip
+
+
+def rollout_work(output: Path) -> dict[str, float]:
+    """Model turns and reward per rollout written: the work per rollout depends on the rows and the
+    policy, and a reward shows the rollouts were verified, so runs of different rows compare."""
+    rows = list(iter_jsonl(output))
+    return {
+        "model_calls_per_rollout": sum(model_calls(row) for row in rows) / max(len(rows), 1),
+        "mean_reward": sum(float(row.get("reward") or 0.0) for row in rows) / max(len(rows), 1),
+    }
+
+
+def cell_result(
+    concurrency: int, latency_ms: float, cell: dict[str, Any], stack_cpu_s: float, stack_peak_rss: int
+) -> dict[str, Any]:
+    """One cell's row of the table, from the collector's timings and the stack's CPU and memory."""
+    done = cell["rows"]
+    return {
+        "concurrency": concurrency,
+        "latency_ms": latency_ms,
+        "rollouts": done,
+        "start_s": cell["start_s"],
+        "window_s": cell["window_s"],
+        "window_rollouts_per_s": done / cell["window_s"],
+        "after_s": cell["after_s"],
+        "command_rollouts_per_s": done / cell["command_s"],
+        "collector_cpu_ms_per_rollout": 1000 * cell["cpu_s"] / done,
+        "stack_cpu_ms_per_rollout": 1000 * stack_cpu_s / done,
+        "collector_peak_rss_mib": cell["peak_rss_mib"],
+        "stack_peak_rss_mib": stack_peak_rss / 2**20,
+        "load_1m_after": os.getloadavg()[0],
+    }
+
+
+def measure(concurrency: int, latency_ms: float, repeats: int, state: Path) -> dict[str, Any]:
+    """One cell: a fresh endpoint and stack, one `gym eval run` against them."""
+    rows = mixed_input(state / "input.jsonl")
+    upstream = scripted_endpoint(latency_ms, state)
     stack: GymStack | None = None
     try:
         selectors, overrides = stack_args("openai", upstream.url_of("policy_model") + "/v1", latency_ms)
@@ -128,21 +174,10 @@ def measure(concurrency: int, latency_ms: float, repeats: int, state: Path) -> d
         for proc in (stack, upstream):
             if proc is not None:
                 proc.stop()
-    done = cell["rows"]
     return {
-        "concurrency": concurrency,
-        "latency_ms": latency_ms,
-        "rollouts": done,
-        "start_s": cell["start_s"],
-        "window_s": cell["window_s"],
-        "window_rollouts_per_s": done / cell["window_s"],
-        "after_s": cell["after_s"],
-        "command_rollouts_per_s": done / cell["command_s"],
-        "collector_cpu_ms_per_rollout": 1000 * cell["cpu_s"] / done,
-        "stack_cpu_ms_per_rollout": 1000 * stack_cpu / done,
-        "collector_peak_rss_mib": cell["peak_rss_mib"],
-        "stack_peak_rss_mib": memory.peak / 2**20,
-        "load_1m_after": os.getloadavg()[0],
+        **cell_result(concurrency, latency_ms, cell, stack_cpu, memory.peak),
+        **rollout_work(state / "out.jsonl"),
+        "stack_ready_s": stack.ready_s,
     }
 
 
