@@ -76,6 +76,7 @@ def collect(repo: Path, rows: Path, output: Path, extra: list[str], limit: int |
     if limit:
         command += ["--limit", str(limit)]
     expected = limit or sum(1 for _ in rows.open())
+    output.unlink(missing_ok=True)  # the watch must not see an earlier run's rows
     load_average = os.getloadavg()[0]
     with tempfile.TemporaryFile() as log, RowWatch(output, expected, interval_s=0.05) as watch:
         began = time.perf_counter()
