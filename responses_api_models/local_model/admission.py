@@ -23,14 +23,6 @@ rollout came only after every first turn of the run. Two rules, and no extra wor
   have not started: rollouts finish in about the order they began, the first one early. Requests
   without a session are ordered by arrival.
 
-* **The first conversation first.** Until the first conversation the server sees has ended (a
-  turn answered without calling a tool), no other conversation's cold prompt starts: on a CPU,
-  every prompt processed beside its turns delays them, and the first rollout of a run is what its
-  user waits for. Twins of a cached prefix still run beside it (their prompts are short). If that
-  conversation sends nothing for ``patience`` seconds after a turn (its rollout failed or was
-  cut short), the rule ends anyway. It holds once per server: at most one rollout's time of
-  cold prompts at the start.
-
 At most ``n_parallel`` requests generate at once, as before; only the order differs, and a key's
 first request runs without its twins or other cold prompts.
 """
@@ -45,8 +37,6 @@ from collections import OrderedDict
 MAX_REMEMBERED = 10_000
 """Conversations (and prefixes) remembered at most, oldest forgotten first: far above what is in flight."""
 PREFIX_TOKENS = 48
-WARMUP_PATIENCE_S = 5.0
-"""Seconds the first conversation may stay silent between turns before other cold prompts start."""
 """Prompt tokens that key a prefix: past the chat template's opening, into the system prompt."""
 
 
@@ -59,20 +49,15 @@ class Admission:
     """At most ``slots`` holders at once, one of them filling an uncached prefix; waiters by
     conversation age."""
 
-    def __init__(self, slots: int, patience: float = WARMUP_PATIENCE_S) -> None:
+    def __init__(self, slots: int) -> None:
         self.slots = slots
         self.busy = 0
-        self.patience = patience
-        self._waiting: list[tuple[int, int, tuple[int, ...], str | None, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[int, int, tuple[int, ...], asyncio.Future[None]]] = []
         self._arrivals = itertools.count()
         self._ranks: OrderedDict[str, int] = OrderedDict()
         self._cached: OrderedDict[tuple[int, ...], None] = OrderedDict()
         self._filling: set[tuple[int, ...]] = set()
         """The prefix whose first request runs now (at most one)."""
-        self.first: str | None = None
-        """The first conversation, while it has not ended (then None for good)."""
-        self._started = False
-        self._silence: asyncio.TimerHandle | None = None
 
     def rank(self, session: str | None) -> int:
         """The conversation's place: when its session was first seen (a new one: now)."""
@@ -88,26 +73,18 @@ class Admission:
     async def acquire(self, session: str | None, key: tuple[int, ...]) -> None:
         """Wait for a slot, behind every waiter of an older conversation that may start."""
         granted = asyncio.get_running_loop().create_future()
-        if not self._started:
-            self._started, self.first = True, session
-        if session is not None and session == self.first and self._silence is not None:
-            self._silence.cancel()
-        bisect.insort(self._waiting, (self.rank(session), next(self._arrivals), key, session, granted))
+        bisect.insort(self._waiting, (self.rank(session), next(self._arrivals), key, granted))
         self._grant()
         try:
             await granted
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled():
-                self.release(key, False, session)  # granted, then cancelled before it ran: pass it on
+                self.release(key, ran=False)  # granted, then cancelled before it ran: pass it on
             raise
 
-    def release(self, key: tuple[int, ...], ran: bool, session: str | None = None) -> None:
+    def release(self, key: tuple[int, ...], ran: bool) -> None:
         """Free a slot; a request that ran leaves its prefix cached. Then grant the free slots."""
         self.busy -= 1
-        if session is not None and session == self.first:
-            if self._silence is not None:
-                self._silence.cancel()
-            self._silence = asyncio.get_running_loop().call_later(self.patience, self.ended, session, False)
         self._filling.discard(key)
         if ran:
             self._cached[key] = None
@@ -116,23 +93,14 @@ class Admission:
                 self._cached.popitem(last=False)
         self._grant()
 
-    def ended(self, session: str | None, goes_on: bool) -> None:
-        """A turn of ``session`` ended; ``goes_on``: with tool calls, so the conversation goes on."""
-        if goes_on or session is None or session != self.first:
-            return
-        self.first = None
-        if self._silence is not None:
-            self._silence.cancel()
-        self._grant()
-
     def _grant(self) -> None:
         """Oldest first, passing over waiters of uncached prefixes while one is being filled."""
         index = 0
         while index < len(self._waiting) and self.busy < self.slots:
-            _, _, key, session, granted = self._waiting[index]
+            key, granted = self._waiting[index][2], self._waiting[index][3]
             if granted.done():  # its waiter was cancelled
                 del self._waiting[index]
-            elif key not in self._cached and (self._filling or self.first not in (None, session)):
+            elif key not in self._cached and self._filling:
                 index += 1
             else:
                 del self._waiting[index]

@@ -105,8 +105,7 @@ class Config(ServerConfig):
     """CPU threads for prompt processing; default: n_threads."""
     n_batch: int = Field(default=512, ge=32)
     prompt_cache_mib: int = Field(default=256, ge=0)
-    """Room for saved slot states (files in a private temporary directory, slots.py): a prompt prefix
-    computed once is copied into every slot that needs it, and a conversation's evicted slot back."""
+    """Host memory for llama.cpp's cache of recent prompts (prefix reuse across slots)."""
     max_output_tokens: int = Field(default=1024, ge=1)
     """Generation limit when the request sets none (always capped by the room left in n_ctx)."""
     temperature: float = Field(default=0.0, ge=0)
@@ -460,7 +459,6 @@ class LocalModel(ModelServer[Config]):
             logger.debug("%s: repeated call(s) to %s; regenerating", self.name, sorted(repeated))
         if fresh or not parsed.calls:
             parsed = ParsedTurn(parsed.text, fresh)
-        engine.turn_ended(self.session_id(), bool(parsed.calls))
         return Turn(parsed, generation, prompt_ids, attempts, continuation)
 
     async def _prompt_ids(

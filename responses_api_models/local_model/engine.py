@@ -267,7 +267,7 @@ class Engine:
             if placement.spill is not None:
                 self._saved(placement.spill.name, 0)  # no-op unless the save never ended
             self._slots.release(placement.slot, prompt_ids if ran else ())
-            self._admission.release(key, ran, session)
+            self._admission.release(key, ran)
         generation = _generation(reply, seconds)
         self.stats["generations"] += 1
         self.stats["prompt_tokens"] += generation.prompt_tokens
@@ -275,10 +275,6 @@ class Engine:
         self.stats["generated_tokens"] += generation.completion_tokens
         self.stats["generation_seconds"] += seconds
         return generation
-
-    def turn_ended(self, session: str | None, goes_on: bool) -> None:
-        """A conversation's turn is done (``goes_on``: it called tools, its next turn will come)."""
-        self._admission.ended(session, goes_on)
 
     async def _prepare(self, placement: Placement) -> None:
         """Save the slot's content and/or load a saved state into it, as placed. A failed step

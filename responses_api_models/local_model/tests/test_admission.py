@@ -23,7 +23,6 @@ async def test_twins_and_other_cold_prefixes_wait_for_the_first_to_fill_its_pref
     other = await _started(admission, "s3", SYSTEM_B)
     assert first.done() and not twin.done() and not other.done()
     admission.release(SYSTEM_A, ran=True)
-    admission.ended("s1", goes_on=False)
     await asyncio.sleep(0)
     assert twin.done() and other.done()  # the twin finds A cached; B is the one cold prompt now
     after = await _started(admission, "s4", SYSTEM_A)
@@ -38,7 +37,6 @@ async def test_a_failed_first_hands_the_filling_to_the_next_twin_only() -> None:
     second = await _started(admission, "s2", SYSTEM_A)
     third = await _started(admission, "s3", SYSTEM_A)
     admission.release(SYSTEM_A, ran=False)
-    admission.ended("s1", goes_on=False)
     await asyncio.sleep(0)
     assert second.done() and not third.done()
 
@@ -65,37 +63,3 @@ async def test_a_cancelled_waiter_loses_no_slot() -> None:
     admission.release(SYSTEM_A, ran=True)
     await asyncio.sleep(0)
     assert waiting.done() and admission.busy == 1
-
-
-async def test_other_cold_prompts_wait_until_the_first_conversation_ends() -> None:
-    admission = Admission(slots=8)
-    await _started(admission, "first", SYSTEM_A)
-    admission.release(SYSTEM_A, True, "first")
-    admission.ended("first", goes_on=True)  # it called a tool: its next turn will come
-    other_cold = await _started(admission, "other", SYSTEM_B)
-    twin = await _started(admission, "twin", SYSTEM_A)
-    next_turn = await _started(admission, "first", SYSTEM_A)
-    assert twin.done() and next_turn.done() and not other_cold.done()
-    admission.release(SYSTEM_A, True, "first")
-    admission.ended("first", goes_on=False)  # it answered: the first rollout is over
-    await asyncio.sleep(0)
-    assert other_cold.done()
-
-
-async def test_a_silent_first_conversation_holds_nothing_after_its_patience() -> None:
-    admission = Admission(slots=8, patience=0)
-    await _started(admission, "first", SYSTEM_A)
-    admission.release(SYSTEM_A, True, "first")  # and its agent never comes back
-    other_cold = await _started(admission, "other", SYSTEM_B)
-    assert not other_cold.done()
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert other_cold.done() and admission.first is None
-
-
-async def test_without_a_session_nothing_is_held_for_a_first_conversation() -> None:
-    admission = Admission(slots=8)
-    await _started(admission, None, SYSTEM_A)
-    admission.release(SYSTEM_A, True)
-    other_cold = await _started(admission, "other", SYSTEM_B)
-    assert other_cold.done()
