@@ -1,5 +1,5 @@
-"""Which waiting request generates next on the embedded model: never two prompts filling the same
-uncached prefix at once, and the conversations that started first finish first.
+"""Which waiting request generates next on the embedded model: one uncached prompt prefix filled at
+a time, and the conversations that started first finish first.
 
 Measured on a 2-core machine under load with llama.cpp on one thread (the quickstart's first turns:
 ~220 prompt tokens, most of them the system prompt and tools every row of an environment shares):
@@ -9,10 +9,14 @@ together took ~200 s each, because every slot processed the whole shared prefix 
 another's). Prompt processing dominates on a CPU and gains little from batching, so the first
 rollout came only after every first turn of the run. Two rules, and no extra work:
 
-* **One cold prompt per prefix.** Requests are keyed by the start of their prompt (``prefix_key``:
+* **One cold prompt at a time.** Requests are keyed by the start of their prompt (``prefix_key``:
   an environment's system prompt). While the first request of a key has not finished, the others
-  of that key wait; after it, they find the prefix cached and process only what differs (the
-  user's message). Requests of other keys are not held back.
+  of that key wait; after it, they find the prefix cached (slots.py copies it into their slots)
+  and process only what differs (the user's message). Nor does the first request of another key
+  start meanwhile: two cold prompts in one batch take as long as one after the other on a CPU,
+  so together both end late, one after the other the first ends at half the time (the
+  quickstart's two environments: the first rollout's first turn no longer waits for the other
+  environment's prompt). Requests of cached keys (twins, later turns) are not held back.
 * **Oldest conversation first.** A waiting request of a conversation seen earlier (by the
   session cookie agents send with model calls) takes a free slot before one of a later
   conversation, so a rollout's next turn does not queue behind the first turns of rollouts that
@@ -20,7 +24,7 @@ rollout came only after every first turn of the run. Two rules, and no extra wor
   without a session are ordered by arrival.
 
 At most ``n_parallel`` requests generate at once, as before; only the order differs, and a key's
-first request runs without its twins.
+first request runs without its twins or other cold prompts.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ def prefix_key(prompt_ids: list[int]) -> tuple[int, ...]:
 
 
 class Admission:
-    """At most ``slots`` holders at once, one per uncached prefix; waiters by conversation age."""
+    """At most ``slots`` holders at once, one of them filling an uncached prefix; waiters by
+    conversation age."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
@@ -52,7 +57,7 @@ class Admission:
         self._ranks: OrderedDict[str, int] = OrderedDict()
         self._cached: OrderedDict[tuple[int, ...], None] = OrderedDict()
         self._filling: set[tuple[int, ...]] = set()
-        """Prefixes whose first request runs now."""
+        """The prefix whose first request runs now (at most one)."""
 
     def rank(self, session: str | None) -> int:
         """The conversation's place: when its session was first seen (a new one: now)."""
@@ -89,13 +94,13 @@ class Admission:
         self._grant()
 
     def _grant(self) -> None:
-        """Oldest first, passing over waiters whose prefix another request is filling right now."""
+        """Oldest first, passing over waiters of uncached prefixes while one is being filled."""
         index = 0
         while index < len(self._waiting) and self.busy < self.slots:
             key, granted = self._waiting[index][2], self._waiting[index][3]
             if granted.done():  # its waiter was cancelled
                 del self._waiting[index]
-            elif key in self._filling:
+            elif key not in self._cached and self._filling:
                 index += 1
             else:
                 del self._waiting[index]

@@ -105,7 +105,8 @@ class Config(ServerConfig):
     """CPU threads for prompt processing; default: n_threads."""
     n_batch: int = Field(default=512, ge=32)
     prompt_cache_mib: int = Field(default=256, ge=0)
-    """Host memory for llama.cpp's cache of recent prompts (prefix reuse across slots)."""
+    """Room for saved slot states (files in a private temporary directory, slots.py): a prompt prefix
+    computed once is copied into every slot that needs it, and a conversation's evicted slot back."""
     max_output_tokens: int = Field(default=1024, ge=1)
     """Generation limit when the request sets none (always capped by the room left in n_ctx)."""
     temperature: float = Field(default=0.0, ge=0)

@@ -6,7 +6,9 @@ slots) and reuses each slot's KV cache for a prompt that extends the previous on
 turn only pays for the new tokens). Its ``handle_completions`` call blocks until the generation is
 done but releases the GIL, so the server calls it from a small thread pool, one thread per slot,
 behind ``Admission`` (admission.py: which waiting request goes next): the event loop never blocks
-and excess requests queue in asyncio.
+and excess requests queue in asyncio. Each admitted request runs in the slot ``SlotTable`` chooses
+(slots.py), after the states it names were saved or restored through llama.cpp's slot files: a
+prompt prefix computed once serves every slot that wants it.
 
 Why the server drives generation itself from token ids rather than through llama.cpp's chat
 endpoint: training needs the exact ``prompt_token_ids`` the model saw, and the tool-call grammar
@@ -23,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +37,7 @@ import aiohttp
 
 from polygym import HTTPError
 from responses_api_models.local_model.admission import Admission, prefix_key
+from responses_api_models.local_model.slots import Placement, SlotTable
 from responses_api_models.local_model.tool_calls import CallTags
 
 _HELPER_ATTEMPTS = 3
@@ -92,6 +97,10 @@ class Engine:
         self._http: aiohttp.ClientSession | None = None
         self._pool = ThreadPoolExecutor(max_workers=settings.n_parallel, thread_name_prefix="local_model")
         self._admission = Admission(settings.n_parallel)
+        self._slots = SlotTable(settings.n_parallel, settings.prompt_cache_mib << 20)
+        self._saving: dict[str, asyncio.Future[None]] = {}
+        """Saves under way, by state name: a restore of that state waits for its save."""
+        self._state_dir = ""
         self.tags = CallTags()
         self.eos_text = ""
         """The end-of-generation token's text (``<|im_end|>``): where the template ends a turn."""
@@ -121,7 +130,11 @@ class Engine:
         params.cpuparams.n_threads = s.n_threads
         params.cpuparams_batch.n_threads = s.n_threads_batch
         params.cache_prompt = True
-        params.cache_ram_mib = s.prompt_cache_mib
+        # Requests name their slot, which bypasses llama.cpp's own prompt cache: SlotTable's saved
+        # states (files in a private directory) take its place.
+        params.cache_ram_mib = 0
+        self._state_dir = tempfile.mkdtemp(prefix="polygym-slots-")
+        params.slot_save_path = self._state_dir
         params.use_jinja = True
         params.ui = False
         params.n_threads_http = 2
@@ -164,6 +177,8 @@ class Engine:
             self._server = None
             await asyncio.get_running_loop().run_in_executor(None, holder.clear)
         self._pool.shutdown(wait=False)
+        if self._state_dir:
+            shutil.rmtree(self._state_dir, ignore_errors=True)
 
     @property
     def loaded(self) -> bool:
@@ -228,6 +243,9 @@ class Engine:
             body["n_probs"] = max(1, int(body.get("n_probs") or 0))
         key = prefix_key(prompt_ids)
         await self._admission.acquire(session, key)
+        placement = self._slots.place(prompt_ids)
+        if placement.spill is not None:  # before any other request can look for it
+            self._saving[placement.spill.name] = asyncio.get_running_loop().create_future()
         ran = False
         try:
             if self._server is None:
@@ -235,6 +253,9 @@ class Engine:
             self.in_flight += 1
             started = time.perf_counter()
             try:
+                await self._prepare(placement)
+                if placement.slot >= 0:
+                    body["id_slot"] = placement.slot
                 reply = await asyncio.get_running_loop().run_in_executor(
                     self._pool, self._server.handle_completions, body
                 )
@@ -243,6 +264,9 @@ class Engine:
                 self.in_flight -= 1
             seconds = time.perf_counter() - started
         finally:
+            if placement.spill is not None:
+                self._saved(placement.spill.name, 0)  # no-op unless the save never ended
+            self._slots.release(placement.slot, prompt_ids if ran else ())
             self._admission.release(key, ran)
         generation = _generation(reply, seconds)
         self.stats["generations"] += 1
@@ -251,6 +275,35 @@ class Engine:
         self.stats["generated_tokens"] += generation.completion_tokens
         self.stats["generation_seconds"] += seconds
         return generation
+
+    async def _prepare(self, placement: Placement) -> None:
+        """Save the slot's content and/or load a saved state into it, as placed. A failed step
+        costs prompt processing, never the request."""
+        if placement.spill is not None:
+            reply = await self._slot_action(placement.slot, "save", placement.spill.name)
+            self._saved(placement.spill.name, int(reply.get("n_written") or 0))
+        if placement.restore is not None:
+            saving = self._saving.get(placement.restore.name)
+            if saving is not None:
+                await asyncio.shield(saving)
+            await self._slot_action(placement.slot, "restore", placement.restore.name)
+
+    def _saved(self, name: str, size: int) -> None:
+        """A save ended (``size`` bytes; 0: failed or abandoned): record it, delete the files of
+        states dropped, and let restores waiting for it go on. Only the first call counts."""
+        saving = self._saving.pop(name, None)
+        if saving is None:
+            return
+        for dropped in self._slots.stored(name, size):
+            Path(self._state_dir, dropped).unlink(missing_ok=True)
+        saving.set_result(None)
+
+    async def _slot_action(self, slot: int, action: str, name: str) -> dict[str, Any]:
+        """llama.cpp's slot save or restore of the state file ``name``; {} when it failed."""
+        try:
+            return await self._post(f"/slots/{slot}?action={action}", {"filename": name})
+        except HTTPError:
+            return {}
 
 
 def _generation(reply: Any, seconds: float) -> Generation:

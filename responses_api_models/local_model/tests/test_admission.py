@@ -16,17 +16,18 @@ async def _started(admission: Admission, session: str | None, key: tuple[int, ..
     return task
 
 
-async def test_twins_wait_for_the_first_to_fill_the_prefix_other_prefixes_do_not() -> None:
+async def test_twins_and_other_cold_prefixes_wait_for_the_first_to_fill_its_prefix() -> None:
     admission = Admission(slots=8)
     first = await _started(admission, "s1", SYSTEM_A)
     twin = await _started(admission, "s2", SYSTEM_A)
     other = await _started(admission, "s3", SYSTEM_B)
-    assert first.done() and other.done() and not twin.done()
+    assert first.done() and not twin.done() and not other.done()
     admission.release(SYSTEM_A, ran=True)
     await asyncio.sleep(0)
-    assert twin.done()
+    assert twin.done() and other.done()  # the twin finds A cached; B is the one cold prompt now
     after = await _started(admission, "s4", SYSTEM_A)
-    assert after.done()  # the prefix is cached now: no more waiting on it
+    other_twin = await _started(admission, "s5", SYSTEM_B)
+    assert after.done() and not other_twin.done()  # A is cached: no more waiting on it
     assert admission.busy == 3
 
 
