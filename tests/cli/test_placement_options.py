@@ -35,4 +35,3 @@ def test_the_option_is_still_refused_when_joining() -> None:
     result = CliRunner().invoke(_command({}), ["--no-serve", "--ray-address", "10.0.0.1:6379"])
     assert result.exit_code == 2
     assert "--ray-address only applies to a stack this command starts" in result.output
-

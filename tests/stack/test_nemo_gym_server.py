@@ -164,3 +164,34 @@ def test_nemo_gym_true_without_a_root_says_where_it_looked(
     stack.write_text("a:\n  responses_api_agents:\n    simple_agent:\n      nemo_gym: true\n")
     with pytest.raises(ConfigError, match="--nemo-gym-root"):
         load_config([stack], env_files=[])
+
+
+def test_a_nemo_gym_server_may_name_below_its_fields_a_server_another_config_brings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NeMo Gym checks a server's own fields only (ns_tools' verifiers.math_with_judge starts)."""
+    root = nemo_tree(tmp_path / "ng")
+    monkeypatch.delenv(NEMO_GYM_ROOT_ENV_VAR, raising=False)
+    monkeypatch.chdir(tmp_path)
+    ref = "{type: resources_servers, name: math_with_judge}"
+    nested = tmp_path / "nested.yaml"
+    nested.write_text(
+        f"nemo_gym_root: {root}\ntiny:\n  resources_servers:\n    tiny:\n      verifiers:\n        m: {ref}\n"
+    )
+    loaded = load_config([nested], env_files=[])
+    assert loaded.warnings == [
+        "tiny.resources_servers.tiny.verifiers.m: unknown resources_servers server 'math_with_judge' "
+        f"(from {nested.name}). Known: tiny (NeMo Gym starts it; its calls to 'math_with_judge' will fail)"
+    ]
+    field = tmp_path / "field.yaml"
+    field.write_text(
+        f"nemo_gym_root: {root}\ntiny:\n  resources_servers:\n    tiny:\n      verifier: {ref}\n"
+    )
+    with pytest.raises(ConfigError, match="unknown resources_servers server 'math_with_judge'"):
+        load_config([field], env_files=[])  # a field of its own: NeMo Gym refuses it too
+    shipped = tmp_path / "shipped.yaml"
+    shipped.write_text(
+        f"e:\n  resources_servers:\n    example_single_tool_call:\n      verifiers:\n        m: {ref}\n"
+    )
+    with pytest.raises(ConfigError, match="unknown resources_servers server 'math_with_judge'"):
+        load_config([shipped], env_files=[])  # polygym's own servers: every reference checked
