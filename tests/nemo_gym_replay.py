@@ -33,6 +33,7 @@ import yaml
 
 from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.row import ROLLOUT_INDEX, TASK_INDEX
+from polygym.stack.directives import DELETE_KEY
 from polygym.stack.env_build import CACHE_ENV_VAR, PYTHON_ENV_VAR
 from tests.nemo_gym_wheel import NEMO_GYM_PYTHON, env_cache
 
@@ -44,6 +45,7 @@ RESULTS = ("response", "reward")
 JUDGE_CONFIG = Path(__file__).with_name("nemo_gym_fixed_judge.yaml")
 """The scripted model's rule that answers every judge prompt with one fixed verdict."""
 POLICY = "policy_model"
+MODELS = "responses_api_models"
 
 
 @dataclass
@@ -78,7 +80,7 @@ def config_agent(config: Path) -> str | None:
 def _model_refs(block: Any) -> Iterator[str]:
     """The names of every model server a config block points at (``{type: responses_api_models, name}``)."""
     if isinstance(block, dict):
-        if block.get("type") == "responses_api_models" and isinstance(block.get("name"), str):
+        if block.get("type") == MODELS and isinstance(block.get("name"), str):
             yield block["name"]
         for value in block.values():
             yield from _model_refs(value)
@@ -95,13 +97,40 @@ def undefined_models(config: Path) -> set[str]:
     return set(_model_refs(loaded)) - set(loaded) - {POLICY, "???"}
 
 
+def defined_models(config: Path) -> dict[str, list[str]]:
+    """The model servers ``config`` defines, with their implementations: a judge or user simulator
+    pointed at an outside endpoint (``judge_model: {openai_model: {openai_base_url:
+    ${judge_base_url}}}``, the URL left null or unset until the user supplies one)."""
+    loaded = yaml.safe_load(config.read_text()) or {}
+    return {
+        str(name): list(block[MODELS])
+        for name, block in loaded.items()
+        if isinstance(block, dict) and isinstance(block.get(MODELS), dict)
+    }
+
+
+def stands_in_for(config: Path) -> set[str]:
+    """The model servers the fixed judge serves besides the policy: those ``config`` names without
+    defining them, which would have no server on this stack, and those it defines, whose outside
+    endpoint this machine does not have (the same judge then answers both reverifies)."""
+    return (undefined_models(config) | set(defined_models(config))) - {POLICY}
+
+
 def judge_config(config: Path, work: Path) -> Path:
-    """The fixed-verdict judge as ``policy_model`` (NeMo Gym's default judge) and as every other
-    model server ``config`` names without defining it, which would have no server on this stack."""
+    """The fixed-verdict judge as ``policy_model`` (NeMo Gym's default judge) and as every model
+    server it stands in for; a server ``config`` defines has its own implementation removed by
+    NeMo Gym's ``_delete_key``, so one implementation is left under its name."""
     fixed = yaml.safe_load(JUDGE_CONFIG.read_text())[POLICY]
-    names = sorted({POLICY, *undefined_models(config)})
+    defined = defined_models(config)
+    blocks: dict[str, Any] = {}
+    for name in sorted({POLICY, *stands_in_for(config)}):
+        block = copy.deepcopy(fixed)
+        replaced = [impl for impl in defined.get(name, []) if impl not in block[MODELS]]
+        if replaced:
+            block[MODELS][DELETE_KEY] = ", ".join(replaced)
+        blocks[name] = block
     path = work / "fixed_judge.yaml"
-    path.write_text(yaml.safe_dump({name: copy.deepcopy(fixed) for name in names}))
+    path.write_text(yaml.safe_dump(blocks))
     return path
 
 
@@ -180,8 +209,15 @@ def _head_url(stack: subprocess.Popen[str], log: Path, deadline_s: float) -> str
         if stack.poll() is not None:
             break
         time.sleep(1.0)
-    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-    raise RuntimeError("stack did not start: " + " | ".join(tail))
+    raise RuntimeError("stack did not start: " + " | ".join(_why(log.read_text(errors="replace"))))
+
+
+def _why(log: str) -> list[str]:
+    """polygym's error line and the last two lines after it (a server's log tail), else the log's
+    last three: notes printed before the error would otherwise hide it."""
+    lines = log.strip().splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    return [lines[errors[-1]], *lines[errors[-1] + 1 :][-2:]] if errors else lines[-3:]
 
 
 def _stop(stack: subprocess.Popen[str]) -> None:

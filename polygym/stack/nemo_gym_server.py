@@ -340,8 +340,12 @@ class NemoGymServers:
                     registry.register({**asdict(entry), "nemo_gym": True})
                     del waiting[name]
             if waiting and time.monotonic() > deadline:
+                # what each was doing: a server waiting on a service or a download says so in its log
+                tails = "\n".join(log_tail(self.logs.get(name)) for name in sorted(waiting))
                 late = ", ".join(sorted(waiting))
-                raise LaunchError(f"NeMo Gym server(s) not listening after {READY_TIMEOUT_S:g}s: {late}")
+                raise LaunchError(
+                    f"NeMo Gym server(s) not listening after {READY_TIMEOUT_S:g}s: {late}\n{tails}"
+                )
             if waiting:
                 await asyncio.sleep(0.1)
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
 from polygym.errors import ConfigError
-from polygym.stack import nemo_gym_resolve
+from polygym.stack import nemo_gym_resolve, nemo_gym_server
 from polygym.stack.backend import LaunchError
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
 from polygym.stack.config import ServerSpec, StackConfig, load_config
+from polygym.stack.head import Registry
 from polygym.stack.nemo_gym_server import (
     REFUSAL_MARK,
     global_config,
@@ -195,3 +198,29 @@ def test_a_nemo_gym_server_may_name_below_its_fields_a_server_another_config_bri
     )
     with pytest.raises(ConfigError, match="unknown resources_servers server 'math_with_judge'"):
         load_config([shipped], env_files=[])  # polygym's own servers: every reference checked
+
+
+async def test_a_server_that_never_listens_is_named_with_what_its_log_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """competitive_coding_challenges waits at start for a sandbox service: its log says where."""
+    monkeypatch.setattr(nemo_gym_server, "READY_TIMEOUT_S", 0.3)
+    servers = nemo_gym_server.NemoGymServers([spec(tmp_path)])
+    servers.logs["tiny"] = tmp_path / "tiny.log"
+    with servers.logs["tiny"].open("wb") as log, socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        servers.procs["tiny"] = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "print('pre-loading metadata (~27 GB)', flush=True); import sys; sys.stdin.read()",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=log,
+        )
+        try:
+            with pytest.raises(LaunchError) as refused:
+                await servers._wait_listening(Registry(), {"tiny": closed.getsockname()})
+        finally:
+            servers.procs["tiny"].kill()
+            await servers.procs["tiny"].wait()
+    assert "not listening after 0.3s: tiny" in str(refused.value)
+    assert "pre-loading metadata (~27 GB)" in str(refused.value)
