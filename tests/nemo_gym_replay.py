@@ -15,7 +15,9 @@ indices) in both systems, and says so (``inputs``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import os
 import re
 import shutil
@@ -24,7 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,7 @@ RESULTS = ("response", "reward")
 JUDGE_CONFIG = Path(__file__).with_name("nemo_gym_fixed_judge.yaml")
 """The scripted model's rule that answers every judge prompt with one fixed verdict."""
 POLICY = "policy_model"
+POLICY_VALUES = ("policy_base_url", "policy_api_key", "policy_model_name")
 MODELS = "responses_api_models"
 
 
@@ -170,7 +174,12 @@ def _gym(*args: str) -> list[str]:
 
 
 def _start(
-    root: Path, configs: list[Path], work: Path, deadline_s: float, ray_dir: str
+    root: Path,
+    configs: list[Path],
+    work: Path,
+    deadline_s: float,
+    ray_dir: str,
+    overrides: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[str], str]:
     """``gym env start`` on any free port; its head URL once it says ready (else its log, raised).
     NeMo Gym's servers that use Ray and are given no cluster join the machine's latest one (named
@@ -180,6 +189,7 @@ def _start(
     args += ["--model-type", "scripted_model"]
     for config in configs:
         args += ["--config", str(config)]
+    args += overrides
     env = {**os.environ, CACHE_ENV_VAR: str(env_cache()), PYTHON_ENV_VAR: str(NEMO_GYM_PYTHON)}
     env["RAY_TMPDIR"] = ray_dir
     with (work / "stack.log").open("w") as log:
@@ -218,6 +228,28 @@ def _why(log: str) -> list[str]:
     lines = log.strip().splitlines()
     errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
     return [lines[errors[-1]], *lines[errors[-1] + 1 :][-2:]] if errors else lines[-3:]
+
+
+def needs_policy_endpoint(config: Path) -> bool:
+    """Whether ``config`` takes the policy's endpoint from what NeMo Gym's ``env.yaml`` holds
+    (``verifif``'s judge calls ``${policy_base_url}``)."""
+    text = config.read_text()
+    return any(f"${{{key}}}" in text for key in POLICY_VALUES)
+
+
+@contextlib.contextmanager
+def policy_endpoint(root: Path, work: Path, deadline_s: float, ray_dir: str) -> Iterator[list[str]]:
+    """The fixed judge on a stack of its own, as the overrides that make it the policy's endpoint
+    (env.yaml's values for NeMo Gym: an OpenAI-style base URL, a key, a model name), so a server
+    that calls that endpoint directly gets the same judge as every other judge of the replay."""
+    (work / "endpoint").mkdir()
+    stack, head = _start(root, [JUDGE_CONFIG], work / "endpoint", deadline_s, ray_dir)
+    try:
+        with urllib.request.urlopen(f"{head}/servers", timeout=30) as reply:
+            urls = {entry["name"]: entry["url"] for entry in json.load(reply)}
+        yield [f"policy_base_url={urls[POLICY]}/v1", "policy_api_key=unused", "policy_model_name=fixed_judge"]
+    finally:
+        _stop(stack)
 
 
 def _stop(stack: subprocess.Popen[str]) -> None:
@@ -279,9 +311,17 @@ def replay(
         result.stored[_key(row)] = float(reward) if isinstance(reward, int | float) else None
     configs = [config, *([judge_config(config, work)] if judge else [])]
     # short: Ray's socket paths under it must fit in 107 characters
-    with tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp", ignore_cleanup_errors=True) as ray_dir:
+    with (
+        tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp", ignore_cleanup_errors=True) as ray_dir,
+        contextlib.ExitStack() as endpoint,
+    ):
         try:
-            stack, head = _start(root, configs, work, start_s, ray_dir)
+            overrides = (
+                endpoint.enter_context(policy_endpoint(root, work, start_s, ray_dir))
+                if needs_policy_endpoint(config)
+                else []
+            )
+            stack, head = _start(root, configs, work, start_s, ray_dir, overrides)
         except RuntimeError as exc:
             result.error = str(exc)
             return result

@@ -22,6 +22,7 @@ from polygym.stack.nemo_gym_server import (
     is_nemo_gym_server,
     nemo_gym_package,
     resolve_with_nemo_gym,
+    server_overrides,
     server_requirements,
 )
 
@@ -224,3 +225,13 @@ async def test_a_server_that_never_listens_is_named_with_what_its_log_says(
             await servers.procs["tiny"].wait()
     assert "not listening after 0.3s: tiny" in str(refused.value)
     assert "pre-loading metadata (~27 GB)" in str(refused.value)
+
+
+def test_overrides_beside_requirements_are_read_as_ng_run_reads_them(tmp_path: Path) -> None:
+    folder = nemo_tree(tmp_path / "ng") / "resources_servers" / "tiny"
+    assert server_overrides(spec(folder)) == ()
+    (folder / "overrides.txt").write_text("# forced\npycountry\n\ntorch==2.11.0 ; sys_platform == 'never'\n")
+    assert server_overrides(spec(folder)) == ("pycountry", "torch==2.11.0 ; sys_platform == 'never'")
+    (folder / "requirements.txt").unlink()  # with a pyproject.toml, ng_run passes no --override
+    (folder / "pyproject.toml").write_text("[project]\nname = 'tiny'\ndependencies = []\n")
+    assert server_overrides(spec(folder)) == ()
