@@ -48,6 +48,8 @@ RESULTS = ("response", "reward")
 JUDGE_CONFIG = Path(__file__).with_name("nemo_gym_fixed_judge.yaml")
 """The scripted model's rule that answers every judge prompt with one fixed verdict."""
 POLICY = "policy_model"
+REVERIFY_S = 600
+"""Per reverify: a judge environment's verifier on a loaded 2-core machine took over 300 s."""
 POLICY_VALUES = ("policy_base_url", "policy_api_key", "policy_model_name")
 MODELS = "responses_api_models"
 
@@ -331,8 +333,11 @@ def replay(
                 if python is None:
                     result.error = f"no environment with nemo-gym under {env_cache()}"
                     return result
-                result.nemo_gym = nemo_gym_reverify(python, head, work, 300)
-            result.polygym = polygym_reverify(head, rollouts, 300)
+                result.nemo_gym = nemo_gym_reverify(python, head, work, REVERIFY_S)
+            result.polygym = polygym_reverify(head, rollouts, REVERIFY_S)
+        except subprocess.TimeoutExpired as late:  # one folder's slow verifier does not end the catalogue
+            which = "NeMo Gym's" if not result.nemo_gym and with_nemo_gym else "polygym's"
+            result.error = f"{which} reverify did not finish in {late.timeout:g} s"
         finally:
             _stop(stack)
     return result
