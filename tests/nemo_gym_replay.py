@@ -327,6 +327,7 @@ def replay(
         except RuntimeError as exc:
             result.error = str(exc)
             return result
+        which = "NeMo Gym's"
         try:
             if with_nemo_gym:
                 python = nemo_gym_python()
@@ -334,9 +335,9 @@ def replay(
                     result.error = f"no environment with nemo-gym under {env_cache()}"
                     return result
                 result.nemo_gym = nemo_gym_reverify(python, head, work, REVERIFY_S)
+            which = "polygym's"
             result.polygym = polygym_reverify(head, rollouts, REVERIFY_S)
         except subprocess.TimeoutExpired as late:  # one folder's slow verifier does not end the catalogue
-            which = "NeMo Gym's" if not result.nemo_gym and with_nemo_gym else "polygym's"
             result.error = f"{which} reverify did not finish in {late.timeout:g} s"
         finally:
             _stop(stack)
