@@ -144,12 +144,17 @@ def test_the_childs_config_has_every_address_and_the_head_and_no_polygym_keys(tm
     }
 
 
-def test_a_config_finds_nemo_gym_servers_under_the_root_it_names(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def named_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A NeMo Gym tree that only a config's ``nemo_gym_root`` names; the working directory is ``tmp_path``."""
     root = nemo_tree(tmp_path / "ng")
     monkeypatch.delenv(NEMO_GYM_ROOT_ENV_VAR, raising=False)
     monkeypatch.chdir(tmp_path)
+    return root
+
+
+def test_a_config_finds_nemo_gym_servers_under_the_root_it_names(tmp_path: Path, named_root: Path) -> None:
+    root = named_root
     stack = tmp_path / "stack.yaml"
     stack.write_text(
         f"nemo_gym_root: {root}\ntiny:\n  resources_servers:\n    tiny:\n      entrypoint: app.py\n"
@@ -171,12 +176,10 @@ def test_nemo_gym_true_without_a_root_says_where_it_looked(
 
 
 def test_a_nemo_gym_server_may_name_below_its_fields_a_server_another_config_brings(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, named_root: Path
 ) -> None:
     """NeMo Gym checks a server's own fields only (ns_tools' verifiers.math_with_judge starts)."""
-    root = nemo_tree(tmp_path / "ng")
-    monkeypatch.delenv(NEMO_GYM_ROOT_ENV_VAR, raising=False)
-    monkeypatch.chdir(tmp_path)
+    root = named_root
     ref = "{type: resources_servers, name: math_with_judge}"
     nested = tmp_path / "nested.yaml"
     nested.write_text(
