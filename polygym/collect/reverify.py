@@ -51,7 +51,7 @@ from polygym.net import budget
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
-from polygym.row import ALL_ENVS, FAILURE_CLASS_FIELDS, ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.row import ALL_ENVS, FAILURE_CLASS_FIELDS, NG_FAILURE_PREFIX, ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.servers.judge import JUDGE_FAILED
 from polygym.settings import cli
 from polygym.suggest import unknown_name_message
@@ -194,7 +194,7 @@ def stored_row(failure: dict[str, Any]) -> dict[str, Any]:
     row = failure.get("row")
     if isinstance(row, dict):
         return row
-    return {k: v for k, v in failure.items() if not k.startswith("_ng_failure_")}
+    return {k: v for k, v in failure.items() if not k.startswith(NG_FAILURE_PREFIX)}
 
 
 def plan_reverify(
