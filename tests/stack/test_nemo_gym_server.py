@@ -57,6 +57,18 @@ def test_a_folder_importing_nemo_gym_is_nemo_gyms_and_polygyms_are_not(tmp_path:
     assert is_nemo_gym_server(spec(shipped, nemo_gym=True))
 
 
+def test_an_entrypoint_elsewhere_is_nemo_gyms_when_its_folder_is(tmp_path: Path) -> None:
+    """legal_agent_bench's agent: the harbor_agent folder run from a bridge beside the environment."""
+    root = nemo_tree(tmp_path / "ng")
+    bridge = root / "resources_servers" / "bench" / "bridge.py"
+    bridge.parent.mkdir()
+    bridge.write_text("from resources_servers.tiny.app import SimpleResourcesServer\n")
+    elsewhere = {"entrypoint": "../bench/bridge.py"}
+    assert is_nemo_gym_server(spec(root / "resources_servers" / "tiny", **elsewhere))
+    shipped = Path(__file__).resolve().parents[2] / "resources_servers" / "example_single_tool_call"
+    assert not is_nemo_gym_server(spec(shipped, **elsewhere))
+
+
 def test_requirements_drop_the_checkout_line_as_ng_run_does(tmp_path: Path) -> None:
     root = nemo_tree(tmp_path / "ng")
     assert server_requirements(spec(root / "resources_servers" / "tiny")) == ("rich",)
