@@ -41,7 +41,7 @@ from typing import Any
 
 from benchmarks.harness import RESULTS
 from polygym.jsonl import append_jsonl, iter_jsonl
-from tests.nemo_gym_replay import Replay, needs_policy_endpoint, replay, stands_in_for
+from tests.nemo_gym_replay import Replay, policy_values, replay, stands_in_for
 from tests.nemo_gym_wheel import nemo_gym_tree
 
 SAME = "nemo gym's rewards"
@@ -113,7 +113,7 @@ def measure(folder: Path, scratch: Path, start_s: float) -> dict[str, Any]:
     result = replay(nemo_gym_tree(), folder.name, config, scratch / folder.name, judge, start_s=start_s)
     notes = [" ".join(result.error.replace("|", "/").split())[:240]] if result.error else []
     notes += ["judge: fixed verdict"] if judge else []
-    notes += ["policy endpoint: the fixed judge"] if needs_policy_endpoint(config) else []
+    notes += ["policy endpoint: the fixed judge"] if policy_values(config) else []
     notes += ["inputs: stored rows"] if result.inputs != "materialized" else []
     counts = (
         len(result.stored),

@@ -234,24 +234,28 @@ def _why(log: str) -> list[str]:
     return [lines[errors[-1]], *lines[errors[-1] + 1 :][-2:]] if errors else lines[-3:]
 
 
-def needs_policy_endpoint(config: Path) -> bool:
-    """Whether ``config`` takes the policy's endpoint from what NeMo Gym's ``env.yaml`` holds
-    (``verifif``'s judge calls ``${policy_base_url}``)."""
+def policy_values(config: Path) -> list[str]:
+    """The values ``config`` takes from what NeMo Gym's ``env.yaml`` holds for the policy's
+    endpoint (``verifif``'s judge calls ``${policy_base_url}``; ``speed_bench`` takes that alone)."""
     text = config.read_text()
-    return any(f"${{{key}}}" in text for key in POLICY_VALUES)
+    return [key for key in POLICY_VALUES if f"${{{key}}}" in text]
 
 
 @contextlib.contextmanager
-def policy_endpoint(root: Path, work: Path, deadline_s: float, ray_dir: str) -> Iterator[list[str]]:
-    """The fixed judge on a stack of its own, as the overrides that make it the policy's endpoint
-    (env.yaml's values for NeMo Gym: an OpenAI-style base URL, a key, a model name), so a server
-    that calls that endpoint directly gets the same judge as every other judge of the replay."""
+def policy_endpoint(
+    root: Path, work: Path, deadline_s: float, ray_dir: str, keys: list[str]
+) -> Iterator[list[str]]:
+    """The fixed judge on a stack of its own, as the overrides of ``keys`` that make it the
+    policy's endpoint (env.yaml's values for NeMo Gym: an OpenAI-style base URL, a key, a model
+    name), so a server that calls that endpoint directly gets the same judge as every other judge
+    of the replay. Only the keys the config uses: an override nothing uses is refused."""
     (work / "endpoint").mkdir()
     stack, head = _start(root, [JUDGE_CONFIG], work / "endpoint", deadline_s, ray_dir)
     try:
         with urllib.request.urlopen(f"{head}/servers", timeout=30) as reply:
             urls = {entry["name"]: entry["url"] for entry in json.load(reply)}
-        yield [f"policy_base_url={urls[POLICY]}/v1", "policy_api_key=unused", "policy_model_name=fixed_judge"]
+        values = dict(zip(POLICY_VALUES, (f"{urls[POLICY]}/v1", "unused", "fixed_judge"), strict=True))
+        yield [f"++{key}={values[key]}" for key in keys]
     finally:
         _stop(stack)
 
@@ -320,10 +324,9 @@ def replay(
         contextlib.ExitStack() as endpoint,
     ):
         try:
+            keys = policy_values(config)
             overrides = (
-                endpoint.enter_context(policy_endpoint(root, work, start_s, ray_dir))
-                if needs_policy_endpoint(config)
-                else []
+                endpoint.enter_context(policy_endpoint(root, work, start_s, ray_dir, keys)) if keys else []
             )
             stack, head = _start(root, configs, work, start_s, ray_dir, overrides)
         except RuntimeError as exc:
