@@ -41,7 +41,7 @@ from typing import Any
 
 from benchmarks.harness import RESULTS
 from polygym.jsonl import append_jsonl, iter_jsonl
-from tests.nemo_gym_replay import Replay, replay, undefined_models
+from tests.nemo_gym_replay import Replay, policy_values, replay, stands_in_for
 from tests.nemo_gym_wheel import nemo_gym_tree
 
 SAME = "nemo gym's rewards"
@@ -109,10 +109,11 @@ def measure(folder: Path, scratch: Path, start_s: float) -> dict[str, Any]:
     config = folder_config(folder)
     if config is None:
         return {"folder": folder.name, "class": NOT_TESTABLE, "note": "no config", "seconds": 0.0}
-    judge = "judge_model_server" in config.read_text() or bool(undefined_models(config))
+    judge = "judge_model_server" in config.read_text() or bool(stands_in_for(config))
     result = replay(nemo_gym_tree(), folder.name, config, scratch / folder.name, judge, start_s=start_s)
-    notes = [" ".join(result.error.replace("|", "/").split())[:160]] if result.error else []
+    notes = [" ".join(result.error.replace("|", "/").split())[:240]] if result.error else []
     notes += ["judge: fixed verdict"] if judge else []
+    notes += ["policy endpoint: the fixed judge"] if policy_values(config) else []
     notes += ["inputs: stored rows"] if result.inputs != "materialized" else []
     counts = (
         len(result.stored),

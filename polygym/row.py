@@ -51,7 +51,10 @@ PASS_THRESHOLD = 1.0
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens")
 
 
-FAILURE_CLASS_FIELDS = ("error_class", "_ng_failure_class")
+NG_FAILURE_PREFIX = "_ng_failure_"
+"""NeMo Gym 0.7's failure diagnostics on a row (``_ng_failure_class``, ``_ng_failure_message``, ...)."""
+NG_FAILURE_CLASS = f"{NG_FAILURE_PREFIX}class"
+FAILURE_CLASS_FIELDS = ("error_class", NG_FAILURE_CLASS)
 """Where a failure says what kind it is: polygym's ``_failures.jsonl`` field, then NeMo Gym's."""
 
 

@@ -15,7 +15,9 @@ indices) in both systems, and says so (``inputs``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import os
 import re
 import shutil
@@ -24,7 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ import yaml
 
 from polygym.jsonl import iter_jsonl, write_jsonl
 from polygym.row import ROLLOUT_INDEX, TASK_INDEX
+from polygym.stack.directives import DELETE_KEY
 from polygym.stack.env_build import CACHE_ENV_VAR, PYTHON_ENV_VAR
 from tests.nemo_gym_wheel import NEMO_GYM_PYTHON, env_cache
 
@@ -44,6 +48,10 @@ RESULTS = ("response", "reward")
 JUDGE_CONFIG = Path(__file__).with_name("nemo_gym_fixed_judge.yaml")
 """The scripted model's rule that answers every judge prompt with one fixed verdict."""
 POLICY = "policy_model"
+REVERIFY_S = 600
+"""Per reverify: a judge environment's verifier on a loaded 2-core machine took over 300 s."""
+POLICY_VALUES = ("policy_base_url", "policy_api_key", "policy_model_name")
+MODELS = "responses_api_models"
 
 
 @dataclass
@@ -78,7 +86,7 @@ def config_agent(config: Path) -> str | None:
 def _model_refs(block: Any) -> Iterator[str]:
     """The names of every model server a config block points at (``{type: responses_api_models, name}``)."""
     if isinstance(block, dict):
-        if block.get("type") == "responses_api_models" and isinstance(block.get("name"), str):
+        if block.get("type") == MODELS and isinstance(block.get("name"), str):
             yield block["name"]
         for value in block.values():
             yield from _model_refs(value)
@@ -95,13 +103,40 @@ def undefined_models(config: Path) -> set[str]:
     return set(_model_refs(loaded)) - set(loaded) - {POLICY, "???"}
 
 
+def defined_models(config: Path) -> dict[str, list[str]]:
+    """The model servers ``config`` defines, with their implementations: a judge or user simulator
+    pointed at an outside endpoint (``judge_model: {openai_model: {openai_base_url:
+    ${judge_base_url}}}``, the URL left null or unset until the user supplies one)."""
+    loaded = yaml.safe_load(config.read_text()) or {}
+    return {
+        str(name): list(block[MODELS])
+        for name, block in loaded.items()
+        if isinstance(block, dict) and isinstance(block.get(MODELS), dict)
+    }
+
+
+def stands_in_for(config: Path) -> set[str]:
+    """The model servers the fixed judge serves besides the policy: those ``config`` names without
+    defining them, which would have no server on this stack, and those it defines, whose outside
+    endpoint this machine does not have (the same judge then answers both reverifies)."""
+    return (undefined_models(config) | set(defined_models(config))) - {POLICY}
+
+
 def judge_config(config: Path, work: Path) -> Path:
-    """The fixed-verdict judge as ``policy_model`` (NeMo Gym's default judge) and as every other
-    model server ``config`` names without defining it, which would have no server on this stack."""
+    """The fixed-verdict judge as ``policy_model`` (NeMo Gym's default judge) and as every model
+    server it stands in for; a server ``config`` defines has its own implementation removed by
+    NeMo Gym's ``_delete_key``, so one implementation is left under its name."""
     fixed = yaml.safe_load(JUDGE_CONFIG.read_text())[POLICY]
-    names = sorted({POLICY, *undefined_models(config)})
+    defined = defined_models(config)
+    blocks: dict[str, Any] = {}
+    for name in sorted({POLICY, *stands_in_for(config)}):
+        block = copy.deepcopy(fixed)
+        replaced = [impl for impl in defined.get(name, []) if impl not in block[MODELS]]
+        if replaced:
+            block[MODELS][DELETE_KEY] = ", ".join(replaced)
+        blocks[name] = block
     path = work / "fixed_judge.yaml"
-    path.write_text(yaml.safe_dump({name: copy.deepcopy(fixed) for name in names}))
+    path.write_text(yaml.safe_dump(blocks))
     return path
 
 
@@ -141,16 +176,24 @@ def _gym(*args: str) -> list[str]:
 
 
 def _start(
-    root: Path, configs: list[Path], work: Path, deadline_s: float, ray_dir: str
+    root: Path,
+    configs: list[Path],
+    work: Path,
+    deadline_s: float,
+    ray_dir: str,
+    overrides: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[str], str]:
     """``gym env start`` on any free port; its head URL once it says ready (else its log, raised).
     NeMo Gym's servers that use Ray and are given no cluster join the machine's latest one (named
     in Ray's temporary folder); on a shared machine that is another user's, of another Ray version,
     so the stack gets a temporary folder of its own (``ray_dir``) and its servers a new cluster."""
     args = ["env", "start", "--head-port", "0", "--nemo-gym-root", str(root)]
-    args += ["--model-type", "scripted_model"]
+    # the replay never calls the policy: NeMo Gym's check that an environment's declared model
+    # types include it (asr_with_pc: vllm_model only) is about a policy this run does not have
+    args += ["--model-type", "scripted_model", "--allow-unsupported-pairing"]
     for config in configs:
         args += ["--config", str(config)]
+    args += overrides
     env = {**os.environ, CACHE_ENV_VAR: str(env_cache()), PYTHON_ENV_VAR: str(NEMO_GYM_PYTHON)}
     env["RAY_TMPDIR"] = ray_dir
     with (work / "stack.log").open("w") as log:
@@ -180,8 +223,41 @@ def _head_url(stack: subprocess.Popen[str], log: Path, deadline_s: float) -> str
         if stack.poll() is not None:
             break
         time.sleep(1.0)
-    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-    raise RuntimeError("stack did not start: " + " | ".join(tail))
+    raise RuntimeError("stack did not start: " + " | ".join(_why(log.read_text(errors="replace"))))
+
+
+def _why(log: str) -> list[str]:
+    """polygym's error line and the last two lines after it (a server's log tail), else the log's
+    last three: notes printed before the error would otherwise hide it."""
+    lines = log.strip().splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
+    return [lines[errors[-1]], *lines[errors[-1] + 1 :][-2:]] if errors else lines[-3:]
+
+
+def policy_values(config: Path) -> list[str]:
+    """The values ``config`` takes from what NeMo Gym's ``env.yaml`` holds for the policy's
+    endpoint (``verifif``'s judge calls ``${policy_base_url}``; ``speed_bench`` takes that alone)."""
+    text = config.read_text()
+    return [key for key in POLICY_VALUES if f"${{{key}}}" in text]
+
+
+@contextlib.contextmanager
+def policy_endpoint(
+    root: Path, work: Path, deadline_s: float, ray_dir: str, keys: list[str]
+) -> Iterator[list[str]]:
+    """The fixed judge on a stack of its own, as the overrides of ``keys`` that make it the
+    policy's endpoint (env.yaml's values for NeMo Gym: an OpenAI-style base URL, a key, a model
+    name), so a server that calls that endpoint directly gets the same judge as every other judge
+    of the replay. Only the keys the config uses: an override nothing uses is refused."""
+    (work / "endpoint").mkdir()
+    stack, head = _start(root, [JUDGE_CONFIG], work / "endpoint", deadline_s, ray_dir)
+    try:
+        with urllib.request.urlopen(f"{head}/servers", timeout=30) as reply:
+            urls = {entry["name"]: entry["url"] for entry in json.load(reply)}
+        values = dict(zip(POLICY_VALUES, (f"{urls[POLICY]}/v1", "unused", "fixed_judge"), strict=True))
+        yield [f"++{key}={values[key]}" for key in keys]
+    finally:
+        _stop(stack)
 
 
 def _stop(stack: subprocess.Popen[str]) -> None:
@@ -243,20 +319,31 @@ def replay(
         result.stored[_key(row)] = float(reward) if isinstance(reward, int | float) else None
     configs = [config, *([judge_config(config, work)] if judge else [])]
     # short: Ray's socket paths under it must fit in 107 characters
-    with tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp", ignore_cleanup_errors=True) as ray_dir:
+    with (
+        tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp", ignore_cleanup_errors=True) as ray_dir,
+        contextlib.ExitStack() as endpoint,
+    ):
         try:
-            stack, head = _start(root, configs, work, start_s, ray_dir)
+            keys = policy_values(config)
+            overrides = (
+                endpoint.enter_context(policy_endpoint(root, work, start_s, ray_dir, keys)) if keys else []
+            )
+            stack, head = _start(root, configs, work, start_s, ray_dir, overrides)
         except RuntimeError as exc:
             result.error = str(exc)
             return result
+        which = "NeMo Gym's"
         try:
             if with_nemo_gym:
                 python = nemo_gym_python()
                 if python is None:
                     result.error = f"no environment with nemo-gym under {env_cache()}"
                     return result
-                result.nemo_gym = nemo_gym_reverify(python, head, work, 300)
-            result.polygym = polygym_reverify(head, rollouts, 300)
+                result.nemo_gym = nemo_gym_reverify(python, head, work, REVERIFY_S)
+            which = "polygym's"
+            result.polygym = polygym_reverify(head, rollouts, REVERIFY_S)
+        except subprocess.TimeoutExpired as late:  # one folder's slow verifier does not end the catalogue
+            result.error = f"{which} reverify did not finish in {late.timeout:g} s"
         finally:
             _stop(stack)
     return result

@@ -3,6 +3,11 @@
 ``--ray-address`` and ``--replicas`` only mean something for the Ray backend, ``--workers`` for the
 inline and Ray ones, and all three for a stack this command starts; given anywhere else they are refused
 (exit 2) instead of silently ignored.
+
+``RAY_ADDRESS`` is not ``--ray-address``: Ray reads it only when a program connects to Ray, and so
+does polygym (``cluster_address``: after ``--ray-address`` and the config's ``ray_address``, for
+``--backend ray`` alone). Read as the option, a variable that a Ray job sets in every process it
+runs made the inline backend refuse to start and ``--no-serve`` refuse to join.
 """
 
 from __future__ import annotations
@@ -39,9 +44,8 @@ def placement_options(func: F) -> F:
     return click.option(
         "--ray-address",
         default=None,
-        envvar="RAY_ADDRESS",
-        help="Ray cluster to join with --backend ray [default: config ray_address, else a local "
-        "cluster started for this stack].",
+        help="Ray cluster to join with --backend ray [default: config ray_address, else "
+        "RAY_ADDRESS, else a local cluster started for this stack].",
     )(func)
 
 

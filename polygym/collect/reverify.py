@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -50,8 +51,8 @@ from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
 from polygym.net import budget
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
-from polygym.protocol import AGENT_KIND
-from polygym.row import ALL_ENVS, FAILURE_CLASS_FIELDS, ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.protocol import AGENT_KIND, RESOURCES_KIND
+from polygym.row import ALL_ENVS, FAILURE_CLASS_FIELDS, NG_FAILURE_PREFIX, ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.servers.judge import JUDGE_FAILED
 from polygym.settings import cli
 from polygym.suggest import unknown_name_message
@@ -194,7 +195,7 @@ def stored_row(failure: dict[str, Any]) -> dict[str, Any]:
     row = failure.get("row")
     if isinstance(row, dict):
         return row
-    return {k: v for k, v in failure.items() if not k.startswith("_ng_failure_")}
+    return {k: v for k, v in failure.items() if not k.startswith(NG_FAILURE_PREFIX)}
 
 
 def plan_reverify(
@@ -330,21 +331,37 @@ class Verifier:
         return reply.json()
 
 
-async def resources_by_agent(client: ServerClient) -> dict[str, str]:
+async def resources_by_agent(client: ServerClient, agents: Iterable[str] = ()) -> dict[str, str]:
     """Agent -> its resources server, from the head's ``GET /config`` (the same for a started and a
-    joined stack)."""
+    joined stack).
+
+    A stack with no agent at all and one resources server (a config that starts the environment
+    alone: NeMo Gym's ``gdpval.yaml``) routes every one of ``agents`` to that server, as NeMo Gym
+    0.7's reverify does, saying so: an agent name that is stale or mistyped goes undetected then.
+    """
     if client.head_url is None:
         raise ReverifyError("the stack has no head server to read its config from")
     reply = await client.request_url("GET", f"{client.head_url}/config", timeout_s=30.0)
-    config = reply.json()
+    data = reply.json()
+    config: dict[str, Any] = data if isinstance(data, dict) else {}
     mapping: dict[str, str] = {}
-    for name, value in config.items() if isinstance(config, dict) else ():
+    for name, value in config.items():
         implementations = value.get(AGENT_KIND) if isinstance(value, dict) else None
         for settings in (implementations or {}).values():
             ref = settings.get("resources_server") if isinstance(settings, dict) else None
             if isinstance(ref, dict) and isinstance(ref.get("name"), str):
                 mapping[str(name)] = ref["name"]
-    return mapping
+    environments = [
+        str(name) for name, value in config.items() if isinstance(value, dict) and RESOURCES_KIND in value
+    ]
+    if mapping or len(environments) != 1:
+        return mapping
+    print(
+        f"warning: the stack has no agent; every row's agent is routed to its one resources server "
+        f"'{environments[0]}' (as NeMo Gym's reverify routes them)",
+        file=sys.stderr,
+    )
+    return dict.fromkeys(agents, environments[0])
 
 
 async def unsupported_servers(client: ServerClient, servers: Iterable[str]) -> list[str]:
@@ -459,7 +476,7 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
     inputs = settings.inputs()
     as_sent = input_rows(inputs)
     plan = plan_reverify(settings.rollouts, settings.failed_only, settings.limit, as_sent)
-    resources = await resources_by_agent(client)
+    resources = await resources_by_agent(client, {i.job.agent for i in plan.items if i.verify})
     missing = sorted({i.job.agent for i in plan.items if i.verify} - set(resources))
     if missing:
         raise ReverifyError(

@@ -36,7 +36,7 @@ from polygym.net import failure
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
-from polygym.row import ROLLOUT_INDEX, TASK_INDEX, Job, carried
+from polygym.row import NG_FAILURE_CLASS, NG_FAILURE_PREFIX, ROLLOUT_INDEX, TASK_INDEX, Job, carried
 
 DEFAULT_CONCURRENCY = 64
 MAX_CONCURRENCY = 16_384
@@ -103,12 +103,24 @@ def nemo_gym_failure_fields(error_class: str, message: str) -> dict[str, Any]:
     status = http_status(error_class)
     request_failed = error_class in REQUEST_FAILED_CLASSES or status in REQUEST_FAILED_STATUSES
     return {
-        "_ng_failure_class": "agent_request_failed" if request_failed else "agent_run_error",
+        NG_FAILURE_CLASS: "agent_request_failed" if request_failed else "agent_run_error",
         "_ng_failure_type": error_class,
         "_ng_failure_message": message,
         "_ng_failure_http_status": status,
         "_ng_failure_terminal": False,  # every failure here can be run again (--resume)
     }
+
+
+def typed_failure(result: dict[str, Any]) -> tuple[str, str] | None:
+    """``(class, message)`` when a server's result says it failed (NeMo Gym's typed outcome: a
+    ``_ng_failure_class``, e.g. ``judge_failed`` from a verifier whose judge gave no verdict, with
+    its ``reward`` 0.0). NeMo Gym's collection and reverify write such a result to the failures
+    file, never to the scored rollouts: its reward is not a score."""
+    kind = result.get(NG_FAILURE_CLASS)
+    if kind is None:
+        return None
+    message = result.get("_ng_failure_message") or result.get("error") or f"the server says {kind}"
+    return str(kind), str(message)
 
 
 def failure_record(job: Job, error_class: str, message: str, latency_s: float) -> dict[str, Any]:
@@ -194,6 +206,11 @@ class _Runner:
         except Exception as exc:  # a bad reply must become a recorded failure, not an abort
             return self._failed(job, began, type(exc).__name__, str(exc))
         self.down.discard(job.agent)
+        if (typed := typed_failure(rollout)) is not None:
+            result = self._failed(job, began, *typed)
+            assert result.failure is not None
+            result.failure.update({k: v for k, v in rollout.items() if k.startswith(NG_FAILURE_PREFIX)})
+            return result
         rollout.update(carried(job.row))
         rollout[TASK_INDEX] = job.task_index
         rollout[ROLLOUT_INDEX] = job.rollout_index

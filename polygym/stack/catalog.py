@@ -217,9 +217,17 @@ _IMPORTS_NEMO_GYM = re.compile(r"^\s*(?:from|import)\s+nemo_gym\b", re.MULTILINE
 
 
 def imports_nemo_gym(directory: Path, entrypoint: str = "app.py") -> bool:
-    """Whether a server folder is NeMo Gym's (its entrypoint imports ``nemo_gym``), not polygym's."""
+    """Whether a server folder is NeMo Gym's (its entrypoint imports ``nemo_gym``), not polygym's.
+    An entrypoint other than the folder's ``app.py`` may reach NeMo Gym through it: the agent of
+    ``legal_agent_bench.yaml`` is the ``harbor_agent`` folder run from
+    ``../../resources_servers/legal_agent_bench/harbor_bridge.py``, a subclass of that folder's
+    server that imports no ``nemo_gym`` itself. The folder's own ``app.py`` decides then too."""
+    return any(_imports_nemo_gym(directory / name) for name in dict.fromkeys([entrypoint, "app.py"]))
+
+
+def _imports_nemo_gym(path: Path) -> bool:
     try:
-        return bool(_IMPORTS_NEMO_GYM.search((directory / entrypoint).read_text(errors="replace")))
+        return bool(_IMPORTS_NEMO_GYM.search(path.read_text(errors="replace")))
     except OSError:
         return False
 

@@ -310,6 +310,7 @@ class _Stack:
     provenance: _Provenance
     problems: list[str]
     relays: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def raw(self) -> dict[str, Any]:
         return OmegaConf.to_container(self.merged, resolve=False)  # type: ignore[return-value]
@@ -514,7 +515,14 @@ def _check_implementation(stack: _Stack, name: str, kind: str, impls: Any) -> _E
     return _Entry(name, kind, implementation, directory)
 
 
-def _check_references(stack: _Stack, entry: _Entry, inner: Any, instances: dict[str, set[str]]) -> None:
+def _check_references(
+    stack: _Stack, entry: _Entry, inner: Any, instances: dict[str, set[str]], nemo_gym: bool
+) -> None:
+    """Every reference must name a server of the stack, except, in a NeMo Gym server, one nested
+    below the server's own fields: NeMo Gym checks only the fields themselves, so its configs name
+    servers that another config brings (``ns_tools``'s ``verifiers.math_with_judge``, a folder its
+    usage says to add with ``--resources-server math_with_judge``). That one is a warning: the stack
+    starts as NeMo Gym's does, and the server's calls to it fail until the config is added."""
     prefix = f"{entry.name}.{entry.kind}.{entry.implementation}"
     for key, kind, name in _references(inner, prefix):
         if kind is _UNRESOLVED or name is _UNRESOLVED:
@@ -524,9 +532,11 @@ def _check_references(stack: _Stack, entry: _Entry, inner: Any, instances: dict[
             message = describe_unknown("server kind", str(kind), SERVER_KINDS, stack.origin(f"{key}.type"))
             stack.problems.append(f"{key}: reference to {message}")
         elif name not in instances[kind]:
-            stack.problems.append(
-                f"{key}: " + describe_unknown(f"{kind} server", str(name), instances[kind], origin)
-            )
+            message = f"{key}: " + describe_unknown(f"{kind} server", str(name), instances[kind], origin)
+            if nemo_gym and "." in key.removeprefix(f"{prefix}."):
+                stack.warnings.append(f"{message} (NeMo Gym starts it; its calls to '{name}' will fail)")
+            else:
+                stack.problems.append(message)
 
 
 # ------------------------------------------------------------------------------------------- public
@@ -640,7 +650,7 @@ def load_config(
     scanned = _scan_values(stack, stack.merged, "", raw)
     for entry in entries:
         inner = scanned[entry.name][entry.kind][entry.implementation]
-        _check_references(stack, entry, inner, instances)
+        _check_references(stack, entry, inner, instances, _runs_nemo_gym(entry, raw))
     if stack.problems:
         raise ConfigError(stack.problems)
     unused = _unused_globals(stack, raw, entries, {_display(Path(path)) for path in env})
@@ -650,7 +660,7 @@ def load_config(
             [f"override of '{name}' cannot be honoured: no server of this stack uses it" for name in refused]
         )
     config = _build(stack, entries, [source for source, _ in files])
-    config.warnings = [
+    config.warnings = stack.warnings + [
         f"{name}: not used by any server of this stack, ignored (from {stack.origin(name)})"
         for name in unused
     ]

@@ -192,9 +192,15 @@ class EnvInputs:
     layout: str = "in-place+uv"
     """How environments are built; a change here must not reuse environments built the old way
     (renamed into place, without uv)."""
+    overrides: tuple[str, ...] = ()
+    """NeMo Gym's ``overrides.txt`` beside a ``requirements.txt``: versions that win over what any
+    package declares (uv's ``--override``, as ``ng_run`` installs them)."""
 
     def key(self) -> str:
-        text = json.dumps(asdict(self), sort_keys=True)
+        data = asdict(self)
+        if not self.overrides:  # environments built before overrides were read keep their key
+            del data["overrides"]
+        text = json.dumps(data, sort_keys=True)
         return f"py{self.python_version}-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -263,7 +269,7 @@ def _build(work: Path, inputs: EnvInputs) -> None:
     """
     log = work / "build.log"
     if inputs.requirements:
-        base = ensure_env(replace(inputs, requirements=()), announce=False)
+        base = ensure_env(replace(inputs, requirements=(), overrides=()), announce=False)
         shutil.copytree(base, work, symlinks=True, dirs_exist_ok=True)
         (work / READY_MARKER).unlink()
         relocate_scripts(work, base)
@@ -272,7 +278,7 @@ def _build(work: Path, inputs: EnvInputs) -> None:
     requirements = work / "requirements.txt"
     requirements.write_text("\n".join([*inputs.requirements, UV_REQUIREMENT]) + "\n")
     install, what = installer(work, inputs)
-    _run([*install, inputs.nemo_gym, "-r", str(requirements)], log, what)
+    _run([*install, *_override_args(work, inputs, what), inputs.nemo_gym, "-r", str(requirements)], log, what)
     (work / READY_MARKER).write_text(json.dumps(asdict(inputs), indent=2))
 
 
@@ -291,6 +297,16 @@ def installer(env: Path, inputs: EnvInputs) -> tuple[list[str], str]:
     if inputs.ignore_requires_python:
         pip.append("--ignore-requires-python")
     return pip, "pip install"
+
+
+def _override_args(work: Path, inputs: EnvInputs, what: str) -> list[str]:
+    """uv's ``--override`` with the folder's overrides; pip has none, and gets them as constraints
+    (a version no package's declaration allows then fails the install instead of winning)."""
+    if not inputs.overrides:
+        return []
+    path = work / "overrides.txt"
+    path.write_text("\n".join(inputs.overrides) + "\n")
+    return ["--override" if what.startswith("uv") else "-c", str(path)]
 
 
 def _same_minor_floor(inputs: EnvInputs) -> str | None:

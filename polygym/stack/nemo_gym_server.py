@@ -177,6 +177,17 @@ def server_requirements(spec: ServerSpec) -> tuple[str, ...]:
     return tuple(line for line in lines if line and not line.startswith("#") and "../.." not in line)
 
 
+def server_overrides(spec: ServerSpec) -> tuple[str, ...]:
+    """The folder's ``overrides.txt`` lines, which ``ng_run`` passes to uv's ``--override`` with a
+    ``requirements.txt`` (never with a ``pyproject.toml``): versions forced over what the folder's
+    packages declare (``toolsandbox``: ``pycountry``; ``osworld_agent``: ``torch==2.11.0``)."""
+    listed, requirements = spec.directory / "overrides.txt", spec.directory / "requirements.txt"
+    if not (listed.is_file() and requirements.is_file()):
+        return ()
+    lines = (line.strip() for line in listed.read_text().splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#"))  # written to a file again
+
+
 def _project_dependencies(spec: ServerSpec, project: Path) -> tuple[str, ...]:
     try:
         listed = tomllib.loads(project.read_text()).get("project", {}).get("dependencies", [])
@@ -203,6 +214,7 @@ def env_inputs(spec: ServerSpec, config: StackConfig) -> EnvInputs:
         nemo_gym=package.install,
         nemo_gym_digest=package.digest,
         requirements=server_requirements(spec),
+        overrides=server_overrides(spec),
     )
 
 
@@ -334,8 +346,12 @@ class NemoGymServers:
                     registry.register({**asdict(entry), "nemo_gym": True})
                     del waiting[name]
             if waiting and time.monotonic() > deadline:
+                # what each was doing: a server waiting on a service or a download says so in its log
+                tails = "\n".join(log_tail(self.logs.get(name)) for name in sorted(waiting))
                 late = ", ".join(sorted(waiting))
-                raise LaunchError(f"NeMo Gym server(s) not listening after {READY_TIMEOUT_S:g}s: {late}")
+                raise LaunchError(
+                    f"NeMo Gym server(s) not listening after {READY_TIMEOUT_S:g}s: {late}\n{tails}"
+                )
             if waiting:
                 await asyncio.sleep(0.1)
 

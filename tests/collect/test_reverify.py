@@ -18,6 +18,7 @@ from polygym.collect.reverify import (
     classify,
     diff_path,
     plan_reverify,
+    resources_by_agent,
     reverified_path,
     unsupported_servers,
     verify_payload,
@@ -293,3 +294,36 @@ def test_servers_that_say_unsupported_or_unknown_need_force_as_in_nemo_gym() -> 
     servers = ["old", "new", "old", "quiet", "stateless"]
     found = asyncio.run(unsupported_servers(ModeClient(), servers))  # type: ignore[arg-type]
     assert found == ["old", "quiet"]
+
+
+class HeadClient:
+    """A stack's head that serves ``config`` at ``GET /config``."""
+
+    head_url = "http://head"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    async def request_url(self, method: str, url: str, **kw: Any) -> Any:
+        return Reply(self.config)
+
+
+def test_a_stack_without_agents_routes_every_agent_to_its_one_environment(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """NeMo Gym's gdpval.yaml starts the environment alone; its stored rows name gdpval_stirrup_agent."""
+    alone = {
+        "gdpval_resources_server": {"resources_servers": {"gdpval": {}}},
+        "policy_model": {"responses_api_models": {"scripted_model": {}}},
+    }
+    routes = asyncio.run(resources_by_agent(HeadClient(alone), {"gdpval_stirrup_agent"}))  # type: ignore[arg-type]
+    assert routes == {"gdpval_stirrup_agent": "gdpval_resources_server"}
+    assert "routed to its one resources server 'gdpval_resources_server'" in capsys.readouterr().err
+    two = {**alone, "other": {"resources_servers": {"x": {}}}}
+    assert asyncio.run(resources_by_agent(HeadClient(two), {"a"})) == {}  # type: ignore[arg-type]
+    simple = {
+        "simple_agent": {"resources_server": {"type": "resources_servers", "name": "gdpval_resources_server"}}
+    }
+    with_agent = {**alone, "a": {"responses_api_agents": simple}}
+    routes = asyncio.run(resources_by_agent(HeadClient(with_agent), {"stale"}))  # type: ignore[arg-type]
+    assert routes == {"a": "gdpval_resources_server"}  # agents route their own rows only

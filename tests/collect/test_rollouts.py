@@ -161,3 +161,28 @@ def test_a_failure_carries_its_attempt_and_no_reward() -> None:
     record = failure_record(retried, "ConnectionRefused", "cannot reach upstream", 0.1)
     assert record["_ng_attempt_index"] == 2 and record["error_class"] == "ConnectionRefused"
     assert "reward" not in record and "response" not in record
+
+
+async def test_a_result_the_server_types_as_failed_is_a_failure_not_a_reward() -> None:
+    """NeMo Gym's typed outcome (gdp_pdf's verifier: ``judge_failed`` with reward 0.0 when its judge
+    gives no verdict) goes to the failures, as NeMo Gym's collector and reverify send it."""
+
+    async def run(request: Request) -> JSONResponse:
+        row = await request.json()
+        if row["judge"] == "ok":
+            return JSONResponse({"reward": 0.0})
+        typed = {"_ng_failure_class": "judge_failed", "_ng_failure_message": "criterion 1 unparseable"}
+        return JSONResponse({"reward": 0.0, "mask_sample": True, **typed})
+
+    client = ServerClient()
+    client.add_local("agent", Starlette(routes=[Route("/run", run, methods=["POST"])]))
+    jobs = [
+        make_job({"responses_create_params": {"input": "hi"}, "judge": j}, "agent", t, 0)
+        for t, j in enumerate(["ok", "no"])
+    ]
+    results = sorted([r async for r in collect(jobs, client)], key=lambda r: r.job.task_index)
+    assert results[0].rollout is not None and results[0].rollout["reward"] == 0.0
+    failure = results[1].failure
+    assert results[1].rollout is None and failure is not None
+    assert (failure["error_class"], failure["error"]) == ("judge_failed", "criterion 1 unparseable")
+    assert failure["_ng_failure_class"] == "judge_failed" and "reward" not in failure

@@ -120,3 +120,13 @@ def test_an_older_python_installs_with_ignore_requires_python() -> None:
     chosen = find_python(sys.executable, ">=99.0")
     assert chosen.ignore_requires_python and chosen.path == Path(sys.executable)
     assert not find_python(sys.executable, ">=3.0").ignore_requires_python
+
+
+def test_overrides_change_the_key_and_no_overrides_keep_the_old_one(tmp_path: Path) -> None:
+    fixed = replace(INPUTS, python="/usr/bin/python3")
+    assert fixed.key() == "py3.12.1-818ce195f924df9d"  # as before overrides were read: caches stay
+    assert replace(fixed, overrides=("pycountry",)).key() != fixed.key()
+    assert env_build._override_args(tmp_path, fixed, "uv pip install") == []
+    args = env_build._override_args(tmp_path, replace(fixed, overrides=("pycountry",)), "uv pip install")
+    assert args == ["--override", str(tmp_path / "overrides.txt")]
+    assert (tmp_path / "overrides.txt").read_text() == "pycountry\n"

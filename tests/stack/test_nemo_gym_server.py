@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
 from polygym.errors import ConfigError
-from polygym.stack import nemo_gym_resolve
+from polygym.stack import nemo_gym_resolve, nemo_gym_server
 from polygym.stack.backend import LaunchError
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
 from polygym.stack.config import ServerSpec, StackConfig, load_config
+from polygym.stack.head import Registry
 from polygym.stack.nemo_gym_server import (
     REFUSAL_MARK,
     global_config,
     is_nemo_gym_server,
     nemo_gym_package,
     resolve_with_nemo_gym,
+    server_overrides,
     server_requirements,
 )
 
@@ -51,6 +55,18 @@ def test_a_folder_importing_nemo_gym_is_nemo_gyms_and_polygyms_are_not(tmp_path:
     shipped = Path(__file__).resolve().parents[2] / "resources_servers" / "example_single_tool_call"
     assert not is_nemo_gym_server(spec(shipped))
     assert is_nemo_gym_server(spec(shipped, nemo_gym=True))
+
+
+def test_an_entrypoint_elsewhere_is_nemo_gyms_when_its_folder_is(tmp_path: Path) -> None:
+    """legal_agent_bench's agent: the harbor_agent folder run from a bridge beside the environment."""
+    root = nemo_tree(tmp_path / "ng")
+    bridge = root / "resources_servers" / "bench" / "bridge.py"
+    bridge.parent.mkdir()
+    bridge.write_text("from resources_servers.tiny.app import SimpleResourcesServer\n")
+    elsewhere = {"entrypoint": "../bench/bridge.py"}
+    assert is_nemo_gym_server(spec(root / "resources_servers" / "tiny", **elsewhere))
+    shipped = Path(__file__).resolve().parents[2] / "resources_servers" / "example_single_tool_call"
+    assert not is_nemo_gym_server(spec(shipped, **elsewhere))
 
 
 def test_requirements_drop_the_checkout_line_as_ng_run_does(tmp_path: Path) -> None:
@@ -140,12 +156,17 @@ def test_the_childs_config_has_every_address_and_the_head_and_no_polygym_keys(tm
     }
 
 
-def test_a_config_finds_nemo_gym_servers_under_the_root_it_names(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def named_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A NeMo Gym tree that only a config's ``nemo_gym_root`` names; the working directory is ``tmp_path``."""
     root = nemo_tree(tmp_path / "ng")
     monkeypatch.delenv(NEMO_GYM_ROOT_ENV_VAR, raising=False)
     monkeypatch.chdir(tmp_path)
+    return root
+
+
+def test_a_config_finds_nemo_gym_servers_under_the_root_it_names(tmp_path: Path, named_root: Path) -> None:
+    root = named_root
     stack = tmp_path / "stack.yaml"
     stack.write_text(
         f"nemo_gym_root: {root}\ntiny:\n  resources_servers:\n    tiny:\n      entrypoint: app.py\n"
@@ -164,3 +185,68 @@ def test_nemo_gym_true_without_a_root_says_where_it_looked(
     stack.write_text("a:\n  responses_api_agents:\n    simple_agent:\n      nemo_gym: true\n")
     with pytest.raises(ConfigError, match="--nemo-gym-root"):
         load_config([stack], env_files=[])
+
+
+def test_a_nemo_gym_server_may_name_below_its_fields_a_server_another_config_brings(
+    tmp_path: Path, named_root: Path
+) -> None:
+    """NeMo Gym checks a server's own fields only (ns_tools' verifiers.math_with_judge starts)."""
+    root = named_root
+    ref = "{type: resources_servers, name: math_with_judge}"
+    nested = tmp_path / "nested.yaml"
+    nested.write_text(
+        f"nemo_gym_root: {root}\ntiny:\n  resources_servers:\n    tiny:\n      verifiers:\n        m: {ref}\n"
+    )
+    loaded = load_config([nested], env_files=[])
+    assert loaded.warnings == [
+        "tiny.resources_servers.tiny.verifiers.m: unknown resources_servers server 'math_with_judge' "
+        f"(from {nested.name}). Known: tiny (NeMo Gym starts it; its calls to 'math_with_judge' will fail)"
+    ]
+    field = tmp_path / "field.yaml"
+    field.write_text(
+        f"nemo_gym_root: {root}\ntiny:\n  resources_servers:\n    tiny:\n      verifier: {ref}\n"
+    )
+    with pytest.raises(ConfigError, match="unknown resources_servers server 'math_with_judge'"):
+        load_config([field], env_files=[])  # a field of its own: NeMo Gym refuses it too
+    shipped = tmp_path / "shipped.yaml"
+    shipped.write_text(
+        f"e:\n  resources_servers:\n    example_single_tool_call:\n      verifiers:\n        m: {ref}\n"
+    )
+    with pytest.raises(ConfigError, match="unknown resources_servers server 'math_with_judge'"):
+        load_config([shipped], env_files=[])  # polygym's own servers: every reference checked
+
+
+async def test_a_server_that_never_listens_is_named_with_what_its_log_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """competitive_coding_challenges waits at start for a sandbox service: its log says where."""
+    monkeypatch.setattr(nemo_gym_server, "READY_TIMEOUT_S", 0.3)
+    servers = nemo_gym_server.NemoGymServers([spec(tmp_path)])
+    servers.logs["tiny"] = tmp_path / "tiny.log"
+    with servers.logs["tiny"].open("wb") as log, socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        servers.procs["tiny"] = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "print('pre-loading metadata (~27 GB)', flush=True); import sys; sys.stdin.read()",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=log,
+        )
+        try:
+            with pytest.raises(LaunchError) as refused:
+                await servers._wait_listening(Registry(), {"tiny": closed.getsockname()})
+        finally:
+            servers.procs["tiny"].kill()
+            await servers.procs["tiny"].wait()
+    assert "not listening after 0.3s: tiny" in str(refused.value)
+    assert "pre-loading metadata (~27 GB)" in str(refused.value)
+
+
+def test_overrides_beside_requirements_are_read_as_ng_run_reads_them(tmp_path: Path) -> None:
+    folder = nemo_tree(tmp_path / "ng") / "resources_servers" / "tiny"
+    assert server_overrides(spec(folder)) == ()
+    (folder / "overrides.txt").write_text("# forced\npycountry\n\ntorch==2.11.0 ; sys_platform == 'never'\n")
+    assert server_overrides(spec(folder)) == ("pycountry", "torch==2.11.0 ; sys_platform == 'never'")
+    (folder / "requirements.txt").unlink()  # with a pyproject.toml, ng_run passes no --override
+    (folder / "pyproject.toml").write_text("[project]\nname = 'tiny'\ndependencies = []\n")
+    assert server_overrides(spec(folder)) == ()
