@@ -173,8 +173,7 @@ def server_requirements(spec: ServerSpec) -> tuple[str, ...]:
         return _project_dependencies(spec, project)
     if not text_file.is_file():
         return ()
-    lines = (line.strip() for line in text_file.read_text().splitlines())
-    return tuple(line for line in lines if line and not line.startswith("#") and "../.." not in line)
+    return tuple(line for line in _listed(text_file) if "../.." not in line)
 
 
 def server_overrides(spec: ServerSpec) -> tuple[str, ...]:
@@ -184,8 +183,13 @@ def server_overrides(spec: ServerSpec) -> tuple[str, ...]:
     listed, requirements = spec.directory / "overrides.txt", spec.directory / "requirements.txt"
     if not (listed.is_file() and requirements.is_file()):
         return ()
-    lines = (line.strip() for line in listed.read_text().splitlines())
-    return tuple(line for line in lines if line and not line.startswith("#"))  # written to a file again
+    return _listed(listed)
+
+
+def _listed(path: Path) -> tuple[str, ...]:
+    """A pip requirements-style file's entries: its lines less blanks and comments."""
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#"))
 
 
 def _project_dependencies(spec: ServerSpec, project: Path) -> tuple[str, ...]:
