@@ -12,7 +12,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from polygym.net.client import ServerClient
 from polygym.stack.config import ServerSpec
@@ -25,6 +25,22 @@ STOP_TIMEOUT_S = 5.0
 LOG_TAIL_LINES = 20
 NO_POOL_LIMIT = 0
 """aiohttp's ``TCPConnector(limit=0)``: no limit on connections."""
+
+
+class ChildProcess(Protocol):
+    """A server's process as the stack watches it: ``asyncio.subprocess.Process``, or a NeMo Gym
+    server its fork server started (``stack.nemo_gym_forks``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
+Child = TypeVar("Child", bound=ChildProcess)
 
 
 def stack_client(head_url: str | None, pool_size: int | None) -> ServerClient:
@@ -52,7 +68,7 @@ def log_tail(path: Path | None) -> str:
     return f"  last lines of {path}:\n{body}"
 
 
-async def first_exit(procs: Mapping[str, asyncio.subprocess.Process]) -> str:
+async def first_exit(procs: Mapping[str, ChildProcess]) -> str:
     """The name of the first of ``procs`` to exit (never returns when there are none)."""
     waits = {asyncio.ensure_future(p.wait()): name for name, p in procs.items()}
     if not waits:
@@ -63,10 +79,7 @@ async def first_exit(procs: Mapping[str, asyncio.subprocess.Process]) -> str:
     return waits[next(iter(done))]
 
 
-async def stop_processes(
-    procs: Sequence[asyncio.subprocess.Process],
-    send: Callable[[asyncio.subprocess.Process, signal.Signals], None],
-) -> None:
+async def stop_processes(procs: Sequence[Child], send: Callable[[Child, signal.Signals], None]) -> None:
     """``send`` SIGTERM to each live process, then SIGKILL to what has not exited by the deadline
     (``send`` decides what is signalled: the child alone, or the process group it leads)."""
     alive = [p for p in procs if p.returncode is None]

@@ -42,7 +42,7 @@ CONFIG_PATHS = "config_paths"
 ENVIRONMENT_SERVERS = "environment_servers"
 LEGACY_RELAY = "legacy_agent"
 AGENT_KIND = "responses_api_agents"
-NEMO_GYM_SETTINGS = (catalog.NEMO_GYM_ROOT_KEY, PYTHON_KEY, PACKAGE_KEY)
+NEMO_GYM_SETTINGS = (catalog.NEMO_GYM_ROOT_KEY, PYTHON_KEY, PACKAGE_KEY, catalog.NEMO_GYM_FORK_KEY)
 """polygym's top-level keys for running NeMo Gym's servers (``stack.nemo_gym_server``); not
 passed on to those servers, and "unused" only in a stack that runs none."""
 

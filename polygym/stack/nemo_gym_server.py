@@ -13,10 +13,12 @@ The process contract, read from NeMo Gym's ``ng_run`` (``nemo_gym/cli/env.py``,
 * **The command**: that environment's interpreter running the entrypoint (``python app.py``), in
   the server folder, with the folder on ``PYTHONPATH`` (and a checkout's root, which NeMo Gym's
   editable install puts there). polygym's own ``PYTHONPATH`` is not passed on: it is for another
-  interpreter, and its ``resources_servers`` package would shadow NeMo Gym's.
+  interpreter, and its ``resources_servers`` package would shadow NeMo Gym's. The process is
+  forked from the environment's fork server (``stack.nemo_gym_forkserver``), which imported
+  nemo_gym's base modules once, and becomes exactly that command there.
 * **Its configuration**: the whole resolved global config as YAML in ``NEMO_GYM_CONFIG_DICT``
   and the server's own top-level name in ``NEMO_GYM_CONFIG_PATH``. The defaults NeMo Gym fills
-  in come from the installed nemo-gym itself (``stack.nemo_gym_resolve``), so they are right for
+  in come from the installed nemo-gym itself (the fork server asks it), so they are right for
   its version. Every server of the stack is in it with its ``host``/``port`` and the head server
   under ``head_server``: a NeMo Gym server's ``ServerClient`` resolves names from this config.
 * **Its address**: NeMo Gym's parent chooses the port and the child binds it (the child reads it
@@ -35,11 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 import tomllib
@@ -74,18 +74,18 @@ from polygym.stack.env_build import (
     ensure_env,
     file_digest,
     find_python,
-    venv_python,
 )
 from polygym.stack.head import HEAD_SERVER_KEY, Registry
+from polygym.stack.nemo_gym_forks import ConfigRefused, ForkedServer, ForkServer
 
 NEMO_GYM_KEY = catalog.NEMO_GYM_KEY
 CONFIG_DICT_ENV = "NEMO_GYM_CONFIG_DICT"
 CONFIG_PATH_ENV = "NEMO_GYM_CONFIG_PATH"
 READY_TIMEOUT_S = 180.0
 """NeMo Gym servers import a lot (Ray, MLflow, openai) before they bind; cold caches make it slow."""
-_RESOLVER = Path(__file__).with_name("nemo_gym_resolve.py")
+FORK_KEY = catalog.NEMO_GYM_FORK_KEY
 REFUSAL_MARK = "polygym: NeMo Gym refused the config: "
-"""What ``nemo_gym_resolve`` prints before NeMo Gym's own reason (its exception), so that reason is
+"""What ``nemo_gym_forkserver`` prints before NeMo Gym's own reason (its exception), so that reason is
 shown rather than the tail of whatever NeMo Gym logged before it (often the whole config)."""
 REASON_LINES = 40
 CONFIG_DUMP = "\nFound global config dict yaml:"
@@ -242,20 +242,6 @@ def global_config(
     return out
 
 
-def resolve_with_nemo_gym(env: Path, config: dict[str, Any]) -> str:
-    """``config`` completed by the installed nemo-gym's own parser, as YAML (``NEMO_GYM_CONFIG_DICT``)."""
-    done = subprocess.run(
-        [str(venv_python(env)), str(_RESOLVER)],
-        input=json.dumps(config),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        raise LaunchError(f"NeMo Gym (in {env}) refused the stack's config:\n{refusal_text(done.stderr)}")
-    return done.stdout
-
-
 def refusal_text(stderr: str) -> str:
     """NeMo Gym's reason for refusing a config: what it printed before raising (its warnings, such
     as each almost-server's validation errors) and its exception, without the whole config it
@@ -274,8 +260,9 @@ class NemoGymServers:
 
     def __init__(self, specs: list[ServerSpec]) -> None:
         self.specs = specs
-        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.procs: dict[str, ForkedServer] = {}
         self.logs: dict[str, Path] = {}
+        self.forks: dict[Path, ForkServer] = {}
 
     async def start(self, config: StackConfig, registry: Registry, head_url: str, stack_id: str) -> None:
         """Build (or reuse) each environment, start every server, register each once it listens."""
@@ -290,6 +277,8 @@ class NemoGymServers:
             )
         built = await asyncio.gather(*(asyncio.to_thread(ensure_env, each) for each in distinct))
         envs = {name: built[distinct.index(each)] for name, each in inputs.items()}
+        log_dir = stacks.logs_dir(stack_id)
+        await self._start_fork_servers(envs, log_dir, _fork_setting(config))
         addresses = {name: _address(entry["url"]) for name, entry in registry.entries.items()}
         for spec in self.specs:
             addresses[spec.name] = ("127.0.0.1", port_for_a_child("127.0.0.1"))
@@ -297,43 +286,46 @@ class NemoGymServers:
         if missing:
             raise LaunchError(f"no address for {', '.join(missing)} to give NeMo Gym's servers")
         whole = global_config(config, addresses, head_url)
-        resolved: dict[Path, str] = {}
-        log_dir = stacks.logs_dir(stack_id)
+        forks = list(self.forks.values())
+        texts = await asyncio.gather(*(_resolve(fork, whole) for fork in forks))
+        resolved = {fork.env: text for fork, text in zip(forks, texts, strict=True)}
         for spec in self.specs:
             env = envs[spec.name]
-            if env not in resolved:
-                resolved[env] = await asyncio.to_thread(resolve_with_nemo_gym, env, whole)
-            await self._spawn(spec, env, resolved[env], log_dir)
+            await self._spawn(spec, self.forks[env], resolved[env], log_dir)
         await self._wait_listening(registry, addresses)
 
-    async def _spawn(self, spec: ServerSpec, env: Path, config_yaml: str, log_dir: Path) -> None:
+    async def _start_fork_servers(self, envs: dict[str, Path], log_dir: Path, fork: bool) -> None:
+        """One fork server per environment, started together (each imports for seconds)."""
+        by_env = {env: next(s for s in self.specs if envs[s.name] == env) for env in envs.values()}
+        started = await asyncio.gather(
+            *(
+                ForkServer.start(
+                    env,
+                    log_dir / f"nemo_gym_forkserver.{env.name}.log",
+                    _activated(env, _checkout(spec)),
+                    fork,
+                )
+                for env, spec in by_env.items()
+            ),
+            return_exceptions=True,
+        )
+        for env, each in zip(by_env, started, strict=True):
+            if isinstance(each, ForkServer):
+                self.forks[env] = each
+        failed = [each for each in started if isinstance(each, BaseException)]
+        if failed:
+            raise failed[0]
+
+    async def _spawn(self, spec: ServerSpec, fork: ForkServer, config_yaml: str, log_dir: Path) -> None:
         log_path = log_dir / f"{spec.name}.log"
         self.logs[spec.name] = log_path
         folder = str(spec.directory.resolve())
-        root = _root_of(spec)
-        checkout = [str(root)] if (root / "pyproject.toml").is_file() else []  # as its editable install
-        python_path = os.pathsep.join([folder, *checkout])
         child_env = {
-            **os.environ,
+            **_activated(fork.env, [folder, *_checkout(spec)]),
             CONFIG_DICT_ENV: config_yaml,
             CONFIG_PATH_ENV: spec.name,
-            "PYTHONPATH": python_path,
-            "PYTHONUNBUFFERED": "1",
-            # as if activated, as ng_run runs it: its uv and console scripts come first on PATH
-            "VIRTUAL_ENV": str(env),
-            "PATH": os.pathsep.join([str(env / "bin"), os.environ.get("PATH", os.defpath)]),
         }
-        with log_path.open("wb") as log:
-            self.procs[spec.name] = await asyncio.create_subprocess_exec(
-                str(venv_python(env)),
-                entrypoint_of(spec),
-                cwd=folder,
-                env=child_env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,  # its own process group: stop() ends uvicorn workers too
-            )
+        self.procs[spec.name] = await fork.spawn(spec.name, entrypoint_of(spec), folder, child_env, log_path)
 
     async def _wait_listening(self, registry: Registry, addresses: dict[str, tuple[str, int]]) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -372,14 +364,54 @@ class NemoGymServers:
         return ServerFailure(name, self.describe_death(name, self.procs[name].returncode or 0))
 
     async def stop(self) -> None:
-        """SIGTERM each server's process group, SIGKILL what is left after the deadline."""
+        """SIGTERM each server's process group, SIGKILL what is left after the deadline; then the
+        fork servers, which would end any server still running."""
         await stop_processes(list(self.procs.values()), _signal_group)
+        await asyncio.gather(*(fork.close() for fork in self.forks.values()))
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}
 
 
-def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+def _checkout(spec: ServerSpec) -> list[str]:
+    """NeMo Gym's checkout root where the folder is in one: its editable install puts it on the path."""
+    root = _root_of(spec)
+    return [str(root)] if (root / "pyproject.toml").is_file() else []
+
+
+def _activated(env: Path, python_path: list[str]) -> dict[str, str]:
+    """This process's environment as ``env`` activated, ``PYTHONPATH`` being ``python_path`` only
+    (polygym's is for another interpreter) and no server's own config."""
+    inherited = {
+        k: v for k, v in os.environ.items() if k not in (CONFIG_DICT_ENV, CONFIG_PATH_ENV, "PYTHONPATH")
+    }
+    return {
+        **inherited,
+        **({"PYTHONPATH": os.pathsep.join(python_path)} if python_path else {}),
+        "PYTHONUNBUFFERED": "1",
+        # as if activated, as ng_run runs it: its uv and console scripts come first on PATH
+        "VIRTUAL_ENV": str(env),
+        "PATH": os.pathsep.join([str(env / "bin"), os.environ.get("PATH", os.defpath)]),
+    }
+
+
+def _fork_setting(config: StackConfig) -> bool:
+    value = config.globals.get(FORK_KEY, True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{FORK_KEY}: expected true or false, got {value!r}")
+    return value
+
+
+async def _resolve(fork: ForkServer, config: dict[str, Any]) -> str:
+    try:
+        return await fork.resolve(config)
+    except ConfigRefused as refused:
+        raise LaunchError(
+            f"NeMo Gym (in {fork.env}) refused the stack's config:\n{refusal_text(str(refused))}"
+        ) from None
+
+
+def _signal_group(proc: ForkedServer, sig: signal.Signals) -> None:
     """Signal the process group the child leads (it was started in a session of its own)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)

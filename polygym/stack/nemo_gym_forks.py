@@ -1,0 +1,165 @@
+"""polygym's end of a NeMo Gym environment's fork server (``stack/nemo_gym_forkserver.py``).
+
+One fork server runs per environment a stack's NeMo Gym servers use: it resolves the stack's
+config with that environment's nemo-gym and starts each of its servers, forked from an interpreter
+that imported nemo_gym's base modules once (or as a fresh interpreter where forking would not be
+the same, or when the stack says ``nemo_gym_fork: false``). The servers stay what they were to the
+rest of the stack: a pid that leads its own process group, a return code (negative for a signal)
+and an awaitable end, as ``asyncio.subprocess.Process`` gives; the fork server reports each exit,
+since it is their parent. If the fork server itself dies, the servers it leaves are killed and
+reported killed, so the stack stops loudly rather than losing track of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from polygym.stack.backend import STOP_TIMEOUT_S, LaunchError, log_tail
+from polygym.stack.env_build import venv_python
+
+FORKSERVER = Path(__file__).with_name("nemo_gym_forkserver.py")
+READY_TIMEOUT_S = 300.0
+"""The fork server imports nemo_gym's base modules before it answers; cold caches make it slow."""
+REPLY_LIMIT = 16 * 1024 * 1024
+"""Longest line the fork server may send (a resolved config is the longest, hundreds of KiB)."""
+STOP_GRACE_S = 10.0
+"""Kept equal to the fork server's own ``STOP_GRACE_S``."""
+
+
+class ForkedServer:
+    """A NeMo Gym server the fork server started; its exit is reported by the fork server."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = asyncio.Event()
+
+    def ended(self, returncode: int) -> None:
+        self.returncode = returncode
+        self._ended.set()
+
+    async def wait(self) -> int:
+        await self._ended.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+
+class ForkServer:
+    """The fork server of one environment: ask it to resolve a config, to start a server."""
+
+    def __init__(self, process: asyncio.subprocess.Process, env: Path, log: Path) -> None:
+        self.process = process
+        self.env = env
+        self.log = log
+        self.servers: dict[int, ForkedServer] = {}
+        self._replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._asking = asyncio.Lock()
+        self._reader = asyncio.ensure_future(self._read())
+
+    @classmethod
+    async def start(cls, env: Path, log: Path, child_env: dict[str, str], fork: bool) -> ForkServer:
+        """Start the fork server in ``env`` and wait until it has imported what it preloads."""
+        args = [str(FORKSERVER), *([] if fork else ["--no-fork"])]
+        with log.open("ab") as sink:
+            process = await asyncio.create_subprocess_exec(
+                str(venv_python(env)),
+                *args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=sink,
+                env=child_env,
+                limit=REPLY_LIMIT,
+                start_new_session=True,
+            )
+        server = cls(process, env, log)
+        try:
+            await asyncio.wait_for(server._next("ready"), READY_TIMEOUT_S)
+        except BaseException:
+            await server.close()
+            raise
+        return server
+
+    async def resolve(self, config: dict[str, Any]) -> str:
+        """``config`` completed by this environment's nemo-gym (``NEMO_GYM_CONFIG_DICT``); NeMo
+        Gym's refusal as what it printed, for ``nemo_gym_server.refusal_text``."""
+        reply = await self._ask({"op": "resolve", "config": config})
+        if reply["op"] == "refused":
+            raise ConfigRefused(reply["stderr"])
+        return str(reply["yaml"])
+
+    async def spawn(
+        self, name: str, entrypoint: str, cwd: str, env: dict[str, str], log: Path
+    ) -> ForkedServer:
+        """Start ``python <entrypoint>`` in ``cwd`` with ``env``, its output appended to ``log``."""
+        request = {"op": "spawn", "name": name, "entrypoint": entrypoint, "cwd": cwd, "env": env}
+        reply = await self._ask({**request, "log": str(log)})
+        return self.servers[int(reply["pid"])]
+
+    async def close(self) -> None:
+        """Close its stdin (it then ends any server still running) and wait for it to exit."""
+        with contextlib.suppress(OSError, RuntimeError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        try:
+            await asyncio.wait_for(self.process.wait(), 2 * STOP_GRACE_S + STOP_TIMEOUT_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
+        await self._reader
+
+    async def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        async with self._asking:
+            stdin = self.process.stdin
+            assert stdin is not None
+            try:
+                stdin.write(json.dumps(request).encode() + b"\n")
+                await stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                raise self._died() from None
+            return await self._next(*ANSWERS[request["op"]])
+
+    async def _next(self, *ops: str) -> dict[str, Any]:
+        reply = await self._replies.get()
+        if reply["op"] == "gone":
+            raise self._died()
+        if reply["op"] not in ops:
+            raise LaunchError(f"the NeMo Gym fork server in {self.env} answered {reply['op']!r}, not {ops}")
+        return reply
+
+    def _died(self) -> LaunchError:
+        return LaunchError(f"the NeMo Gym fork server in {self.env} died.\n{log_tail(self.log)}")
+
+    async def _read(self) -> None:
+        """Replies to the queue, exits to their server; at its end, what it leaves is killed."""
+        stdout = self.process.stdout
+        assert stdout is not None
+        with contextlib.suppress(ValueError, asyncio.IncompleteReadError):
+            while line := await stdout.readline():
+                message = json.loads(line)
+                if message["op"] == "exited":
+                    self.servers[int(message["pid"])].ended(int(message["returncode"]))
+                    continue
+                if message["op"] == "spawned":
+                    self.servers[int(message["pid"])] = ForkedServer(int(message["pid"]))
+                await self._replies.put(message)
+        for server in self.servers.values():
+            if server.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(server.pid, signal.SIGKILL)
+                server.ended(-signal.SIGKILL)
+        await self._replies.put({"op": "gone"})
+
+
+ANSWERS = {"resolve": ("resolved", "refused"), "spawn": ("spawned",)}
+"""The replies each request may get."""
+
+
+class ConfigRefused(Exception):
+    """NeMo Gym refused the stack's config; the argument is what it printed."""
