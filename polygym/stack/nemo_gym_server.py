@@ -71,11 +71,12 @@ from polygym.stack.env_build import (
     PACKAGE_KEY,
     PYTHON_KEY,
     EnvInputs,
-    ensure_env,
     file_digest,
     find_python,
+    lease_env,
     venv_python,
 )
+from polygym.stack.env_cache import Lease
 from polygym.stack.head import HEAD_SERVER_KEY, Registry
 
 NEMO_GYM_KEY = catalog.NEMO_GYM_KEY
@@ -276,6 +277,9 @@ class NemoGymServers:
         self.specs = specs
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.logs: dict[str, Path] = {}
+        self.leases: list[Lease] = []
+        """The environments the servers run in, held until stop() (and by each server, which
+        inherits its lease) so that no prune removes them."""
 
     async def start(self, config: StackConfig, registry: Registry, head_url: str, stack_id: str) -> None:
         """Build (or reuse) each environment, start every server, register each once it listens."""
@@ -288,8 +292,15 @@ class NemoGymServers:
                 f"--ignore-requires-python; choose another: --nemo-gym-python, {PYTHON_KEY})",
                 file=sys.stderr,
             )
-        built = await asyncio.gather(*(asyncio.to_thread(ensure_env, each) for each in distinct))
-        envs = {name: built[distinct.index(each)] for name, each in inputs.items()}
+        leased = await asyncio.gather(
+            *(asyncio.to_thread(lease_env, each) for each in distinct), return_exceptions=True
+        )
+        held = {each: lease for each, lease in zip(distinct, leased, strict=True) if isinstance(lease, Lease)}
+        self.leases.extend(held.values())  # stop() lets go of them, even when another build failed
+        failed = next((error for error in leased if isinstance(error, BaseException)), None)
+        if failed is not None:
+            raise failed
+        envs = {name: held[each] for name, each in inputs.items()}
         addresses = {name: _address(entry["url"]) for name, entry in registry.entries.items()}
         for spec in self.specs:
             addresses[spec.name] = ("127.0.0.1", port_for_a_child("127.0.0.1"))
@@ -301,12 +312,13 @@ class NemoGymServers:
         log_dir = stacks.logs_dir(stack_id)
         for spec in self.specs:
             env = envs[spec.name]
-            if env not in resolved:
-                resolved[env] = await asyncio.to_thread(resolve_with_nemo_gym, env, whole)
-            await self._spawn(spec, env, resolved[env], log_dir)
+            if env.path not in resolved:
+                resolved[env.path] = await asyncio.to_thread(resolve_with_nemo_gym, env.path, whole)
+            await self._spawn(spec, env, resolved[env.path], log_dir)
         await self._wait_listening(registry, addresses)
 
-    async def _spawn(self, spec: ServerSpec, env: Path, config_yaml: str, log_dir: Path) -> None:
+    async def _spawn(self, spec: ServerSpec, lease: Lease, config_yaml: str, log_dir: Path) -> None:
+        env = lease.path
         log_path = log_dir / f"{spec.name}.log"
         self.logs[spec.name] = log_path
         folder = str(spec.directory.resolve())
@@ -333,6 +345,7 @@ class NemoGymServers:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,  # its own process group: stop() ends uvicorn workers too
+                pass_fds=(lease.fileno(),),  # its environment stays in use while it lives
             )
 
     async def _wait_listening(self, registry: Registry, addresses: dict[str, tuple[str, int]]) -> None:
@@ -372,8 +385,12 @@ class NemoGymServers:
         return ServerFailure(name, self.describe_death(name, self.procs[name].returncode or 0))
 
     async def stop(self) -> None:
-        """SIGTERM each server's process group, SIGKILL what is left after the deadline."""
+        """SIGTERM each server's process group, SIGKILL what is left after the deadline; then let go
+        of their environments."""
         await stop_processes(list(self.procs.values()), _signal_group)
+        for lease in self.leases:
+            lease.close()
+        self.leases.clear()
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}
