@@ -235,7 +235,8 @@ def _requirements(marker: Path) -> tuple[str, ...]:
         listed = json.loads(marker.read_text()).get("requirements", [])
     except (OSError, ValueError, AttributeError):
         return ()
-    return tuple(str(line) for line in listed) if isinstance(listed, list) else ()
+    lines = (str(line).split("#", 1)[0].strip() for line in listed) if isinstance(listed, list) else ()
+    return tuple(line for line in lines if line)
 
 
 def users(root: Path) -> dict[str, int]:

@@ -98,9 +98,32 @@ def entrypoint_of(spec: ServerSpec) -> str:
 
 
 def is_nemo_gym_server(spec: ServerSpec) -> bool:
-    """A NeMo Gym server: marked ``nemo_gym: true``, or its entrypoint imports ``nemo_gym``."""
-    return spec.config.get(NEMO_GYM_KEY) is True or catalog.imports_nemo_gym(
+    """A NeMo Gym server: marked ``nemo_gym: true``, or a NeMo Gym folder (``catalog.is_nemo_gym_folder``)."""
+    return spec.config.get(NEMO_GYM_KEY) is True or catalog.is_nemo_gym_folder(
         spec.directory, entrypoint_of(spec)
+    )
+
+
+_MAIN_BLOCK = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.MULTILINE)
+
+
+def nothing_to_run(spec: ServerSpec) -> str | None:
+    """Why NeMo Gym's folder of ``spec`` has no server to start, or None when it has one. Every
+    NeMo Gym server's entrypoint starts it under ``if __name__ == "__main__":``; a library folder
+    (``sec_local_index``, ``gymnasium``) declares an entrypoint only because every folder does,
+    and ``python`` on it would exit at once."""
+    entrypoint = spec.directory / entrypoint_of(spec)
+    try:
+        text = entrypoint.read_text(errors="replace")
+    except OSError:
+        return f"its entrypoint {entrypoint} cannot be read"
+    if _MAIN_BLOCK.search(text):
+        return None
+    said = spec.config.get("description")
+    return (
+        f'its entrypoint {entrypoint_of(spec)} starts nothing (no `if __name__ == "__main__":` '
+        "block): a library other servers import, not a server"
+        + (f" (its config says: {said})" if isinstance(said, str) and said else "")
     )
 
 
@@ -274,6 +297,15 @@ class NemoGymServers:
     """The NeMo Gym servers of one stack: environments, processes, registry entries."""
 
     def __init__(self, specs: list[ServerSpec]) -> None:
+        """Raises ``ConfigError`` (exit 2) naming every folder with no server to start."""
+        idle = [(spec, why) for spec in specs if (why := nothing_to_run(spec)) is not None]
+        if idle:
+            raise ConfigError(
+                [
+                    f"{spec.name}: NeMo Gym's folder {spec.directory} has no server to run: {why}"
+                    for spec, why in idle
+                ]
+            )
         self.specs = specs
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.logs: dict[str, Path] = {}

@@ -157,6 +157,7 @@ def test_a_build_past_the_bound_removes_the_least_recently_used(
     logged = capsys.readouterr().err
     assert logged.count("removed the least recently used NeMo Gym environment") == 2
     assert f"{four[1].name} (1.0 MB, last used" in logged and "within 3.5 MB" in logged
+    assert "1 requirements: rich)" not in logged  # the new one, the most recently used, stays
 
 
 def test_no_bound_when_it_is_none(tmp_path: Path, four: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,3 +183,9 @@ def test_gym_env_prune_prints_what_it_removes_and_the_bytes_freed(
     assert freed >= 2 * MB and "removed 2 of 4, freed" in done.output
     refused = runner.invoke(gym, ["env", "prune", "--max-size", "a lot"])
     assert refused.exit_code == 2 and "not a size" in refused.output
+
+
+def test_an_environment_is_described_by_its_requirements(tmp_path: Path) -> None:
+    cached(tmp_path, "e", 1000, 1_000_000, ("attrs>=23.2.0            # MIT", "rich", "tenacity"))
+    (found,) = env_cache.scan(tmp_path)
+    assert found.describe().endswith("3 requirements: attrs>=23.2.0, rich, ...)")
