@@ -389,7 +389,8 @@ class NemoGymServers:
                 if proc.returncode is not None:
                     raise LaunchError(self.describe_death(name, proc.returncode, "while starting"))
                 host, port = addresses[name]
-                if await _accepts(host, port) and holds_listener(proc.pid, port):
+                # the child's own listening socket: the kernel queues connections from then on
+                if await asyncio.to_thread(holds_listener, proc.pid, port):
                     url = f"http://{host}:{port}"
                     entry = RunningServer(name, spec.kind, spec.implementation, url, proc.pid)
                     registry.register({**asdict(entry), "nemo_gym": True})
@@ -432,17 +433,6 @@ def _signal_group(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None
     """Signal the process group the child leads (it was started in a session of its own)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-
-
-async def _accepts(host: str, port: int) -> bool:
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
 
 
 def _address(url: str) -> tuple[str, int]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from polygym.errors import ConfigError
+from polygym.net.child_port import port_for_a_child
 from polygym.stack import nemo_gym_resolve, nemo_gym_server
 from polygym.stack.backend import LaunchError
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
@@ -271,6 +272,34 @@ async def test_a_server_that_never_listens_is_named_with_what_its_log_says(
             await servers.procs["tiny"].wait()
     assert "not listening after 0.3s: tiny" in str(refused.value)
     assert "pre-loading metadata (~27 GB)" in str(refused.value)
+
+
+async def test_a_server_is_registered_once_its_own_process_listens(tmp_path: Path) -> None:
+    """Listening is enough (the kernel queues connections before the server's loop accepts them)."""
+    (tmp_path / "app.py").write_text('if __name__ == "__main__":\n    pass\n')
+    servers = nemo_gym_server.NemoGymServers([spec(tmp_path)])
+    port = port_for_a_child("127.0.0.1")
+    code = (
+        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen();"
+        "print('listening', flush=True); sys.stdin.read()"
+    )
+    servers.procs["tiny"] = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, str(port), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    registry = Registry()
+    try:
+        assert servers.procs["tiny"].stdout is not None
+        assert await servers.procs["tiny"].stdout.readline() == b"listening\n"
+        await asyncio.wait_for(servers._wait_listening(registry, {"tiny": ("127.0.0.1", port)}), 30)
+    finally:
+        servers.procs["tiny"].kill()
+        await servers.procs["tiny"].wait()
+    entry = registry.entries["tiny"]
+    assert (entry["url"], entry["pid"], entry["nemo_gym"]) == (
+        f"http://127.0.0.1:{port}",
+        servers.procs["tiny"].pid,
+        True,
+    )
 
 
 def test_overrides_beside_requirements_are_read_as_ng_run_reads_them(tmp_path: Path) -> None:
