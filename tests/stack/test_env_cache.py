@@ -16,16 +16,9 @@ from polygym.cli import gym
 from polygym.stack import env_build, env_cache
 from polygym.stack.env_build import EnvInputs, lease_env
 from polygym.stack.env_cache import READY_MARKER, lease_ready, parse_size, prune
+from tests.stack.test_env_build import INPUTS
 
 MB = 1_000_000
-INPUTS = EnvInputs(
-    python=sys.executable,
-    python_version="3.12.1",
-    ignore_requires_python=False,
-    nemo_gym="nemo-gym==0.7.0",
-    nemo_gym_digest="nemo-gym==0.7.0",
-    requirements=(),
-)
 
 
 def cached(root: Path, name: str, size: int, last_used: float, requirements: tuple[str, ...] = ()) -> Path:
