@@ -237,12 +237,17 @@ def lease_env(inputs: EnvInputs, announce: bool = True) -> Lease:
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     final = root / inputs.key()
+    bound = _bound()  # a bad setting is said before a build of minutes, not after
     built = False
     for _ in range(LEASE_TRIES):
         lease = lease_ready(final)
         if lease is not None:
-            if built:
-                bound_cache(root)
+            if built and bound is not None:
+                try:
+                    _keep_within(root, bound)
+                except BaseException:
+                    lease.close()
+                    raise
             return lease
         built = _build_unless_ready(final, inputs, announce) or built
     raise EnvBuildError([f"the NeMo Gym environment {final} was removed {LEASE_TRIES} times as it was built"])
@@ -279,16 +284,16 @@ def _build_unless_ready(final: Path, inputs: EnvInputs, announce: bool) -> bool:
     return True
 
 
-def bound_cache(root: Path) -> None:
-    """Remove the least recently used environments past the configured bound, each named on stderr."""
+def _bound() -> int | None:
     try:
-        bound = configured_max_size()
+        return configured_max_size()
     except ValueError as exc:
         raise ConfigError([str(exc)]) from None
-    if bound is None:
-        return
-    report = prune(root, keep_last=None, max_size=bound)
-    for env in report.removed:
+
+
+def _keep_within(root: Path, bound: int) -> None:
+    """Remove the least recently used environments past ``bound``, each named on stderr."""
+    for env in prune(root, keep_last=None, max_size=bound).removed:
         print(
             f"removed the least recently used NeMo Gym environment {env.describe()} to keep {root} "
             f"within {format_size(bound)} ({MAX_SIZE_ENV_VAR}; gym env prune)",

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from polygym.cli import gym
+from polygym.errors import ConfigError
 from polygym.stack import env_build, env_cache
 from polygym.stack.env_build import EnvInputs, lease_env
 from polygym.stack.env_cache import READY_MARKER, lease_ready, parse_size, prune
@@ -182,3 +183,16 @@ def test_an_environment_is_described_by_its_requirements(tmp_path: Path) -> None
     cached(tmp_path, "e", 1000, 1_000_000, ("attrs>=23.2.0            # MIT", "rich", "tenacity"))
     (found,) = env_cache.scan(tmp_path)
     assert found.describe().endswith("3 requirements: attrs>=23.2.0, rich, ...)")
+
+
+def test_a_bad_bound_is_said_before_anything_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(env_build.CACHE_ENV_VAR, str(tmp_path))
+    monkeypatch.setenv(env_cache.MAX_SIZE_ENV_VAR, "forty gigs")
+    monkeypatch.setattr(env_build, "_build", lambda *args: pytest.fail("built before the setting was read"))
+    with pytest.raises(
+        ConfigError, match="POLYGYM_ENV_CACHE_MAX_SIZE: 'forty gigs' is not a size"
+    ) as refused:
+        env_build.ensure_env(INPUTS, announce=False)
+    assert refused.value.exit_code == 2
