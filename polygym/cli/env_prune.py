@@ -37,16 +37,21 @@ def prune_command(**values: Any) -> None:
 
 
 def _print(report: PruneReport, dry_run: bool) -> None:
+    """Every environment of the cache, least recently used first, with what became of it."""
     out = console()
     count = len(report.found)
     out.print(
         escape(f"{report.root} ({CACHE_ENV_VAR}): {count} environments, {format_size(report.size_before)}")
     )
     verb = "would remove" if dry_run else "removed"
-    for env in report.removed:
-        out.print(escape(f"{verb} {env.describe()}"))
-    for env, reason in report.kept:
-        out.print(escape(f"kept {env.describe()}: {reason}"))
+    why_kept = {env.path: reason for env, reason in report.kept}
+    gone = {env.path for env in report.removed}
+    for env in report.found:
+        if env.path in gone:
+            out.print(escape(f"{verb} {env.describe()}"))
+        else:
+            reason = why_kept.get(env.path)
+            out.print(escape(f"kept {env.describe()}" + (f": {reason}" if reason else "")))
     left = report.size_before - report.freed
     freed = "would free" if dry_run else "freed"
     out.print(

@@ -258,6 +258,7 @@ class PruneReport:
 
     root: Path
     found: list[CachedEnv]
+    """Least recently used first: the order environments are removed in."""
     removed: list[CachedEnv] = field(default_factory=list)
     kept: list[tuple[CachedEnv, str]] = field(default_factory=list)
     """Environments the bounds wanted removed that stay, and why (in use, being built)."""
@@ -275,10 +276,10 @@ def prune(root: Path, keep_last: int | None, max_size: int | None, dry_run: bool
     """Remove unfinished builds nobody is building, then the least recently used environments:
     every one past the ``keep_last`` most recent, and the oldest until the rest fits ``max_size``.
     One in use is passed over (the next oldest goes instead); see the module's docstring."""
-    report = PruneReport(root, scan(root))
-    newest = sorted((e for e in report.found if e.ready), key=lambda e: e.last_used, reverse=True)
-    recent = {e.path for e in newest[:keep_last]} if keep_last is not None else None
-    oldest_first = [e for e in report.found if not e.ready] + newest[::-1]
+    report = PruneReport(root, sorted(scan(root), key=lambda env: env.last_used))
+    ready = [e for e in report.found if e.ready]
+    recent = {e.path for e in ready[max(0, len(ready) - keep_last) :]} if keep_last is not None else None
+    oldest_first = [e for e in report.found if not e.ready] + ready
     running = users(root)
     total = report.size_before
     for env in oldest_first:

@@ -54,6 +54,7 @@ def test_sizes_read_as_people_write_them() -> None:
 
 
 def test_keep_last_removes_the_least_recently_used(tmp_path: Path, four: list[Path]) -> None:
+    assert prune(tmp_path, keep_last=9, max_size=None).removed == []
     report = prune(tmp_path, keep_last=2, max_size=None)
     assert names(report.removed) == ["a", "b"]
     assert [p.exists() for p in four] == [False, False, True, True]
@@ -170,6 +171,7 @@ def test_gym_env_prune_prints_what_it_removes_and_the_bytes_freed(
     done = runner.invoke(gym, ["env", "prune", "--keep-last", "3", "--dry-run"])
     assert done.exit_code == 0, done.output
     assert f"would remove {four[0].name} (1.0 MB" in done.output and four[0].exists()
+    assert f"kept {four[3].name} (1.0 MB, last used" in done.output  # every environment is listed
     done = runner.invoke(gym, ["env", "prune", "--max-size", "2.5MB"])
     assert done.exit_code == 0, done.output
     assert [p.exists() for p in four] == [False, False, True, True]
