@@ -199,8 +199,10 @@ class CachedEnv:
 
 
 def disk_usage(path: Path) -> int:
-    """Bytes ``path`` takes on disk, as ``du`` counts them (a file linked twice counted once)."""
-    seen: set[tuple[int, int]] = set()
+    """Bytes that removing ``path`` frees on disk. A file linked from outside it stays (uv links the
+    packages it installs from its own cache: ~0.3 of a 1.7 GB environment), so it is not counted;
+    a file linked twice inside it is counted once."""
+    links: dict[tuple[int, int], list[int]] = {}  # inode -> [links seen here, blocks, links in all]
     total, folders = 0, [path]
     while folders:
         with contextlib.suppress(OSError), os.scandir(folders.pop()) as entries:
@@ -209,10 +211,13 @@ def disk_usage(path: Path) -> int:
                     stat = entry.stat(follow_symlinks=False)
                     if entry.is_dir(follow_symlinks=False):
                         folders.append(Path(entry.path))
-                    if (stat.st_dev, stat.st_ino) not in seen:
-                        seen.add((stat.st_dev, stat.st_ino))
                         total += stat.st_blocks * 512
-    return total
+                        continue
+                    seen = links.setdefault(
+                        (stat.st_dev, stat.st_ino), [0, stat.st_blocks * 512, stat.st_nlink]
+                    )
+                    seen[0] += 1
+    return total + sum(blocks for here, blocks, everywhere in links.values() if here >= everywhere)
 
 
 def scan(root: Path) -> list[CachedEnv]:

@@ -53,6 +53,18 @@ def test_sizes_read_as_people_write_them() -> None:
     assert env_cache.format_size(1_400_000_000) == "1.4 GB"
 
 
+def test_a_file_linked_from_outside_is_not_counted_as_freed(tmp_path: Path) -> None:
+    """uv links the packages it installs from its cache: removing the environment leaves them."""
+    env = cached(tmp_path / "cache", "e", 0, 1_000_000)
+    before = env_cache.disk_usage(env)
+    (tmp_path / "uv-cache").write_bytes(os.urandom(MB))
+    os.link(tmp_path / "uv-cache", env / "linked")
+    assert env_cache.disk_usage(env) == before
+    (env / "own").write_bytes(os.urandom(MB))
+    os.link(env / "own", env / "own-again")
+    assert before + MB <= env_cache.disk_usage(env) < before + 2 * MB
+
+
 def test_keep_last_removes_the_least_recently_used(tmp_path: Path, four: list[Path]) -> None:
     assert prune(tmp_path, keep_last=9, max_size=None).removed == []
     report = prune(tmp_path, keep_last=2, max_size=None)
