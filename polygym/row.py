@@ -54,6 +54,10 @@ USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens")
 NG_FAILURE_PREFIX = "_ng_failure_"
 """NeMo Gym 0.7's failure diagnostics on a row (``_ng_failure_class``, ``_ng_failure_message``, ...)."""
 NG_FAILURE_CLASS = f"{NG_FAILURE_PREFIX}class"
+NG_FAILURE_TYPE = f"{NG_FAILURE_PREFIX}type"
+NG_FAILURE_MESSAGE = f"{NG_FAILURE_PREFIX}message"
+NG_FAILURE_HTTP_STATUS = f"{NG_FAILURE_PREFIX}http_status"
+NG_FAILURE_TERMINAL = f"{NG_FAILURE_PREFIX}terminal"
 FAILURE_CLASS_FIELDS = ("error_class", NG_FAILURE_CLASS)
 """Where a failure says what kind it is: polygym's ``_failures.jsonl`` field, then NeMo Gym's."""
 

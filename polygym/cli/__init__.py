@@ -18,9 +18,10 @@ from polygym.cli.lazy import LazyCommands
 
 def _env() -> click.Command:
     from polygym.cli.env import env
+    from polygym.cli.env_prune import prune_command
     from polygym.cli.env_tools import ENV_COMMANDS
 
-    for command in ENV_COMMANDS:
+    for command in [*ENV_COMMANDS, prune_command]:
         env.add_command(command)
     return env
 

@@ -40,6 +40,7 @@ from typing import Any
 import orjson
 
 from polygym import row as rows
+from polygym.collect.dataset import Row, agent_of
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.eval_settings import ALLOW_STACK_CHANGE, DISABLE_AGGREGATION
 from polygym.collect.failure_budget import MAX_FAILURES, NO_FAILURES, FailureBudget
@@ -47,6 +48,7 @@ from polygym.collect.rollouts import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, Limit
 from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, done_keys, prepare
 from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
+from polygym.collect.task_source import TASK_SOURCE, TaskRoutes, head_task_routes
 from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
 from polygym.net import budget
 from polygym.net.client import ServerCallError, ServerClient
@@ -153,16 +155,20 @@ def _key(row: dict[str, Any], where: str) -> tuple[int, int]:
     return task, rollout
 
 
-def _agent(row: dict[str, Any], where: str) -> str:
-    ref = row.get("agent_ref")
-    name = ref.get("name") if isinstance(ref, dict) else None
-    if not isinstance(name, str):
-        raise ReverifyError(f"{where}: field agent_ref: missing or without a name")
-    return name
+def _agent(row: Row, routes: TaskRoutes | None) -> str:
+    """The agent a stored row goes to, by the rule ``gym eval run`` routes rows by (``agent_ref``,
+    else ``task_source`` resolved in the running config)."""
+    if row.data.get("agent_ref") is None and row.data.get(TASK_SOURCE) is None:
+        raise ReverifyError(f"{row.where}: field agent_ref (or {TASK_SOURCE}): missing")
+    problems: list[str] = []
+    agent = agent_of(row, None, (), problems, routes)
+    if agent is None or problems:
+        raise ReverifyError("\n".join(problems))
+    return agent
 
 
-def _numbered(path: Path, dropped: list[Dropped]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The object lines of ``path`` as ``(file:line, row)``; every other non-blank line is added
+def _numbered(path: Path, dropped: list[Dropped]) -> Iterator[Row]:
+    """The object lines of ``path``; every other non-blank line is added
     to ``dropped`` with why (a stored run a user may have edited is not trusted to be clean)."""
     if not path.exists():
         return
@@ -184,7 +190,7 @@ def _numbered(path: Path, dropped: list[Dropped]) -> Iterator[tuple[str, dict[st
                 dropped.append(Dropped(where, INVALID_JSON, str(exc)))
                 continue
             if isinstance(row, dict):
-                yield where, row
+                yield Row(row, str(path), number)
             else:
                 dropped.append(Dropped(where, NOT_AN_OBJECT, f"a JSON {type(row).__name__}"))
 
@@ -198,42 +204,52 @@ def stored_row(failure: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in failure.items() if not k.startswith(NG_FAILURE_PREFIX)}
 
 
+ROUTING_FIELDS = ("agent_ref", TASK_SOURCE)
+"""What routes a row to its agent (``collect.dataset.agent_of``); taken from the materialized
+input when the stored row lacks it."""
+
+
 def plan_reverify(
     rollouts: Path,
     failed_only: bool,
     limit: int | None = None,
     sent: dict[tuple[int, int], dict[str, Any]] | None = None,
+    routes: TaskRoutes | None = None,
 ) -> ReverifyPlan:
     """The rows to reverify, in file order (the rollouts', then the failures'), one per key. A
-    stored row without ``agent_ref`` is routed by its row as ``sent`` (the materialized input), as
-    NeMo Gym's reverify routes it (NeMo Gym's stored example rollouts often leave it out)."""
+    stored row without ``agent_ref`` or ``task_source`` is routed by its row as ``sent`` (the
+    materialized input), as NeMo Gym's reverify routes it (NeMo Gym's stored example rollouts often
+    leave them out); ``routes`` resolves ``task_source`` (NeMo Gym's newer rows)."""
     if not rollouts.is_file():
         raise ReverifyError(f"--rollouts {rollouts}: no such file")
     plan = ReverifyPlan([])
     seen: dict[tuple[int, int], str] = {}
 
-    def add(where: str, row: dict[str, Any], verify: bool, old: float | None) -> None:
-        key = _key(row, where)
+    def add(stored: Row, verify: bool, old: float | None) -> None:
+        key = _key(stored.data, stored.where)
         if key in seen:
-            plan.dropped.append(Dropped(where, DUPLICATE, f"task {key[0]} rollout {key[1]}, as {seen[key]}"))
+            plan.dropped.append(
+                Dropped(stored.where, DUPLICATE, f"task {key[0]} rollout {key[1]}, as {seen[key]}")
+            )
             return
-        seen[key] = where
+        seen[key] = stored.where
         as_sent = (sent or {}).get(key, {})
-        if "agent_ref" not in row and "agent_ref" in as_sent:
-            row = {**row, "agent_ref": as_sent["agent_ref"]}
-        plan.items.append(Item(Job(_agent(row, where), *key, row), verify, old))
+        row = {**{k: as_sent[k] for k in ROUTING_FIELDS if k in as_sent}, **stored.data}
+        routed = Row(row, stored.path, stored.line)
+        plan.items.append(Item(Job(_agent(routed, routes), *key, row), verify, old))
 
-    for where, row in _numbered(rollouts, plan.dropped):
-        if "response" not in row:
-            raise ReverifyError(f"{where}: field response: missing, nothing to verify")
-        failed = judge_failed(row)
-        add(where, row, verify=failed or not failed_only, old=None if failed else rows.reward(row))
-    for where, failure in _numbered(RunFiles(rollouts).failures, plan.dropped):
-        stored = stored_row(failure)
-        if "response" not in stored:
+    for stored in _numbered(rollouts, plan.dropped):
+        if "response" not in stored.data:
+            raise ReverifyError(f"{stored.where}: field response: missing, nothing to verify")
+        failed = judge_failed(stored.data)
+        add(stored, verify=failed or not failed_only, old=None if failed else rows.reward(stored.data))
+    for failure in _numbered(RunFiles(rollouts).failures, plan.dropped):
+        kept = stored_row(failure.data)
+        if "response" not in kept:
             plan.no_response += 1
             continue
-        add(where, {**stored, "agent_ref": failure.get("agent_ref", stored.get("agent_ref"))}, True, None)
+        ref = failure.data.get("agent_ref", kept.get("agent_ref"))
+        add(Row({**kept, "agent_ref": ref}, failure.path, failure.line), True, None)
     if limit is not None:  # counts the rows to verify; carried rows are all kept
         to_verify = {id(i) for i in [i for i in plan.items if i.verify][:limit]}
         plan.items = [i for i in plan.items if not i.verify or id(i) in to_verify]
@@ -475,7 +491,8 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
     files = settings.files()
     inputs = settings.inputs()
     as_sent = input_rows(inputs)
-    plan = plan_reverify(settings.rollouts, settings.failed_only, settings.limit, as_sent)
+    routes = await head_task_routes(client)
+    plan = plan_reverify(settings.rollouts, settings.failed_only, settings.limit, as_sent, routes)
     resources = await resources_by_agent(client, {i.job.agent for i in plan.items if i.verify})
     missing = sorted({i.job.agent for i in plan.items if i.verify} - set(resources))
     if missing:

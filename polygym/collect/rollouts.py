@@ -36,7 +36,18 @@ from polygym.net import failure
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND
-from polygym.row import NG_FAILURE_CLASS, NG_FAILURE_PREFIX, ROLLOUT_INDEX, TASK_INDEX, Job, carried
+from polygym.row import (
+    NG_FAILURE_CLASS,
+    NG_FAILURE_HTTP_STATUS,
+    NG_FAILURE_MESSAGE,
+    NG_FAILURE_PREFIX,
+    NG_FAILURE_TERMINAL,
+    NG_FAILURE_TYPE,
+    ROLLOUT_INDEX,
+    TASK_INDEX,
+    Job,
+    carried,
+)
 
 DEFAULT_CONCURRENCY = 64
 MAX_CONCURRENCY = 16_384
@@ -104,10 +115,10 @@ def nemo_gym_failure_fields(error_class: str, message: str) -> dict[str, Any]:
     request_failed = error_class in REQUEST_FAILED_CLASSES or status in REQUEST_FAILED_STATUSES
     return {
         NG_FAILURE_CLASS: "agent_request_failed" if request_failed else "agent_run_error",
-        "_ng_failure_type": error_class,
-        "_ng_failure_message": message,
-        "_ng_failure_http_status": status,
-        "_ng_failure_terminal": False,  # every failure here can be run again (--resume)
+        NG_FAILURE_TYPE: error_class,
+        NG_FAILURE_MESSAGE: message,
+        NG_FAILURE_HTTP_STATUS: status,
+        NG_FAILURE_TERMINAL: False,  # every failure here can be run again (--resume)
     }
 
 
@@ -119,7 +130,7 @@ def typed_failure(result: dict[str, Any]) -> tuple[str, str] | None:
     kind = result.get(NG_FAILURE_CLASS)
     if kind is None:
         return None
-    message = result.get("_ng_failure_message") or result.get("error") or f"the server says {kind}"
+    message = result.get(NG_FAILURE_MESSAGE) or result.get("error") or f"the server says {kind}"
     return str(kind), str(message)
 
 

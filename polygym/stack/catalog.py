@@ -209,6 +209,8 @@ def folder_origin(kind: str, implementation: str, directory: Path) -> str | None
     for root in _unique(nemo_gym_roots()):
         if _under(directory, root):
             return f"NeMo Gym's folder {directory} (NeMo Gym root {root})"
+    if in_nemo_gym_tree(directory):  # a config file of NeMo Gym's tree named by its path
+        return f"NeMo Gym's folder {directory} (NeMo Gym root {tree_root(directory)})"
     where = "the working directory's folder" if _under(directory, Path.cwd()) else "the folder"
     text = f"{where} {directory}"
     if shipped.is_dir() and shipped.resolve() != directory.resolve():
@@ -217,6 +219,21 @@ def folder_origin(kind: str, implementation: str, directory: Path) -> str | None
 
 
 _IMPORTS_NEMO_GYM = re.compile(r"^\s*(?:from|import)\s+nemo_gym\b", re.MULTILINE)
+
+
+def is_nemo_gym_folder(directory: Path, entrypoint: str = "app.py") -> bool:
+    """Whether a server folder is NeMo Gym's, to run as NeMo Gym runs it: any folder of NeMo Gym's
+    own tree (``in_nemo_gym_tree``: a library folder such as ``sec_local_index``, whose
+    entrypoint imports no ``nemo_gym``, included), or one elsewhere whose entrypoint imports it."""
+    return in_nemo_gym_tree(directory) or imports_nemo_gym(directory, entrypoint)
+
+
+def in_nemo_gym_tree(directory: Path) -> bool:
+    """Whether the tree holding ``directory`` (``tree_root``) holds the ``nemo_gym`` package too:
+    a NeMo Gym checkout, unpacked wheel or site-packages, however it was named (``--nemo-gym-root``,
+    a config's ``nemo_gym_root``, the installed package)."""
+    root = tree_root(directory)
+    return root is not None and (root / "nemo_gym" / "__init__.py").is_file()
 
 
 def imports_nemo_gym(directory: Path, entrypoint: str = "app.py") -> bool:

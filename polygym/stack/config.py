@@ -698,11 +698,12 @@ def _unused_globals(stack: _Stack, raw: dict[str, Any], entries: list[_Entry], e
 
 
 def _runs_nemo_gym(entry: _Entry, raw: dict[str, Any]) -> bool:
-    """Whether ``entry`` is a NeMo Gym server (marked ``nemo_gym: true`` or importing ``nemo_gym``)."""
+    """Whether ``entry`` is a NeMo Gym server (marked ``nemo_gym: true``, or a NeMo Gym folder:
+    ``catalog.is_nemo_gym_folder``)."""
     inner = raw[entry.name][entry.kind][entry.implementation]
     entrypoint = str(inner.get("entrypoint") or "app.py") if isinstance(inner, dict) else "app.py"
     marked = isinstance(inner, dict) and inner.get(catalog.NEMO_GYM_KEY) is True
-    return marked or (entry.directory is not None and catalog.imports_nemo_gym(entry.directory, entrypoint))
+    return marked or (entry.directory is not None and catalog.is_nemo_gym_folder(entry.directory, entrypoint))
 
 
 def _build(stack: _Stack, entries: list[_Entry], sources: list[str]) -> StackConfig:

@@ -20,13 +20,13 @@ some servers install tools at start), and installs are made with uv when one is 
 environment's own, or one on PATH). An interpreter older than nemo-gym declares gets pip's
 ``--ignore-requires-python``, or with uv its ``--python-version`` at nemo-gym's floor.
 
-Cache root: ``POLYGYM_ENV_CACHE``, else ``~/.cache/polygym/envs``.
+Cache root: ``POLYGYM_ENV_CACHE``, else ``~/.cache/polygym/envs``. Its size is bounded after each
+build, and a stack holds the environments it runs so that they are never removed under it
+(``stack.env_cache``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -41,6 +41,16 @@ from pathlib import Path
 from typing import ClassVar
 
 from polygym.errors import ConfigError, ProblemsError
+from polygym.stack.env_cache import (
+    MAX_SIZE_ENV_VAR,
+    READY_MARKER,
+    Lease,
+    configured_max_size,
+    exclusive,
+    format_size,
+    lease_ready,
+    prune,
+)
 
 CACHE_ENV_VAR = "POLYGYM_ENV_CACHE"
 PYTHON_ENV_VAR = "POLYGYM_NEMO_GYM_PYTHON"
@@ -48,7 +58,6 @@ PYTHON_KEY = "nemo_gym_python"
 """Config key (a path, a command or a version such as ``3.13``) choosing the servers' interpreter."""
 PACKAGE_KEY = "nemo_gym_package"
 """Config key: what pip installs as nemo-gym (a requirement such as ``nemo-gym==0.7.0``, or a wheel path)."""
-READY_MARKER = "polygym-env.json"
 PIP_TAIL_LINES = 30
 BUILD_TIMEOUT_S = 3600.0
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
@@ -216,23 +225,53 @@ def venv_python(env: Path) -> Path:
     return env / "bin" / "python"
 
 
-def ensure_env(inputs: EnvInputs, announce: bool = True) -> Path:
-    """The ready environment for ``inputs``, building it first when the cache has none."""
+LEASE_TRIES = 3
+"""Builds one lease may start: each is undone only by a prune removing the environment between
+its build and the lease, so a third is a prune running in a loop."""
+
+
+def lease_env(inputs: EnvInputs, announce: bool = True) -> Lease:
+    """The ready environment for ``inputs``, held in use until the lease is closed (a prune leaves
+    it alone), built first when the cache has none; after a build, the cache is brought within
+    its bound (``env_cache.configured_max_size``), least recently used environments first."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     final = root / inputs.key()
-    if (final / READY_MARKER).is_file():
-        return final
-    with _locked(root / f"{inputs.key()}.lock"):
+    bound = _bound()  # a bad setting is said before a build of minutes, not after
+    built = False
+    for _ in range(LEASE_TRIES):
+        lease = lease_ready(final)
+        if lease is not None:
+            if built and bound is not None:
+                try:
+                    _keep_within(root, bound)
+                except BaseException:
+                    lease.close()
+                    raise
+            return lease
+        built = _build_unless_ready(final, inputs, announce) or built
+    raise EnvBuildError([f"the NeMo Gym environment {final} was removed {LEASE_TRIES} times as it was built"])
+
+
+def ensure_env(inputs: EnvInputs, announce: bool = True) -> Path:
+    """The ready environment for ``inputs``, not held: for a caller that runs it at once and never
+    prunes (a stack holds its environments with :func:`lease_env`)."""
+    with lease_env(inputs, announce) as lease:
+        return lease.path
+
+
+def _build_unless_ready(final: Path, inputs: EnvInputs, announce: bool) -> bool:
+    """Build ``final`` under its lock unless another process has (True when this one built it)."""
+    with exclusive(final):
         if (final / READY_MARKER).is_file():  # another process built it while we waited
-            return final
+            return False
         # not ready: a killed builder's, or an older polygym's temporary build folders; we hold the lock
-        for stale in [final, *root.glob(f".build-{inputs.key()}-*")]:
+        for stale in [final, *final.parent.glob(f".build-{inputs.key()}-*")]:
             shutil.rmtree(stale, ignore_errors=True)
         if announce:
             print(
                 f"building the NeMo Gym environment {final.name} (Python {inputs.python_version}, "
-                f"{inputs.nemo_gym}); this takes minutes once, then it is cached in {root}",
+                f"{inputs.nemo_gym}); this takes minutes once, then it is cached in {final.parent}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -242,17 +281,25 @@ def ensure_env(inputs: EnvInputs, announce: bool = True) -> Path:
         except BaseException:
             shutil.rmtree(final, ignore_errors=True)
             raise
-    return final
+    return True
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _bound() -> int | None:
+    try:
+        return configured_max_size()
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
+
+
+def _keep_within(root: Path, bound: int) -> None:
+    """Remove the least recently used environments past ``bound``, each named on stderr."""
+    for env in prune(root, keep_last=None, max_size=bound).removed:
+        print(
+            f"removed the least recently used NeMo Gym environment {env.describe()} to keep {root} "
+            f"within {format_size(bound)} ({MAX_SIZE_ENV_VAR}; gym env prune)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 UV_REQUIREMENT = "uv>=0.8"
@@ -269,10 +316,10 @@ def _build(work: Path, inputs: EnvInputs) -> None:
     """
     log = work / "build.log"
     if inputs.requirements:
-        base = ensure_env(replace(inputs, requirements=(), overrides=()), announce=False)
-        shutil.copytree(base, work, symlinks=True, dirs_exist_ok=True)
+        with lease_env(replace(inputs, requirements=(), overrides=()), announce=False) as base:
+            shutil.copytree(base.path, work, symlinks=True, dirs_exist_ok=True)
         (work / READY_MARKER).unlink()
-        relocate_scripts(work, base)
+        relocate_scripts(work, base.path)
     else:
         _run([inputs.python, "-m", "venv", str(work)], log, "python -m venv")
     requirements = work / "requirements.txt"

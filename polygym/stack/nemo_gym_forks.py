@@ -53,18 +53,23 @@ class ForkedServer:
 class ForkServer:
     """The fork server of one environment: ask it to resolve a config, to start a server."""
 
-    def __init__(self, process: asyncio.subprocess.Process, env: Path, log: Path) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, env: Path, log: Path, lease_fd: int) -> None:
         self.process = process
         self.env = env
         self.log = log
+        self.lease_fd = lease_fd
         self.servers: dict[int, ForkedServer] = {}
         self._replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._asking = asyncio.Lock()
         self._reader = asyncio.ensure_future(self._read())
 
     @classmethod
-    async def start(cls, env: Path, log: Path, child_env: dict[str, str], fork: bool) -> ForkServer:
-        """Start the fork server in ``env`` and wait until it has imported what it preloads."""
+    async def start(
+        cls, env: Path, log: Path, child_env: dict[str, str], fork: bool, lease_fd: int
+    ) -> ForkServer:
+        """Start the fork server in ``env`` and wait until it has imported what it preloads.
+        ``lease_fd`` (the environment's lease, ``stack.env_cache``) is inherited by it and by every
+        server it starts, so the environment counts as in use while any of them lives."""
         args = [str(FORKSERVER), *([] if fork else ["--no-fork"])]
         with log.open("ab") as sink:
             process = await asyncio.create_subprocess_exec(
@@ -76,8 +81,9 @@ class ForkServer:
                 env=child_env,
                 limit=REPLY_LIMIT,
                 start_new_session=True,
+                pass_fds=(lease_fd,),
             )
-        server = cls(process, env, log)
+        server = cls(process, env, log, lease_fd)
         try:
             await asyncio.wait_for(server._next("ready"), READY_TIMEOUT_S)
         except BaseException:
@@ -98,7 +104,7 @@ class ForkServer:
     ) -> ForkedServer:
         """Start ``python <entrypoint>`` in ``cwd`` with ``env``, its output appended to ``log``."""
         request = {"op": "spawn", "name": name, "entrypoint": entrypoint, "cwd": cwd, "env": env}
-        reply = await self._ask({**request, "log": str(log)})
+        reply = await self._ask({**request, "log": str(log), "keep_fd": self.lease_fd})
         return self.servers[int(reply["pid"])]
 
     async def close(self) -> None:

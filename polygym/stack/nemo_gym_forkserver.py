@@ -207,6 +207,7 @@ def _fresh_interpreter(request: dict[str, Any]) -> subprocess.Popen[bytes]:
             stdout=log,
             stderr=log,
             start_new_session=True,
+            pass_fds=(request["keep_fd"],),  # the environment's lease, as a forked server keeps it
         )
 
 

@@ -71,10 +71,11 @@ from polygym.stack.env_build import (
     PACKAGE_KEY,
     PYTHON_KEY,
     EnvInputs,
-    ensure_env,
     file_digest,
     find_python,
+    lease_env,
 )
+from polygym.stack.env_cache import Lease
 from polygym.stack.head import HEAD_SERVER_KEY, Registry
 from polygym.stack.nemo_gym_forks import ConfigRefused, ForkedServer, ForkServer
 
@@ -97,9 +98,32 @@ def entrypoint_of(spec: ServerSpec) -> str:
 
 
 def is_nemo_gym_server(spec: ServerSpec) -> bool:
-    """A NeMo Gym server: marked ``nemo_gym: true``, or its entrypoint imports ``nemo_gym``."""
-    return spec.config.get(NEMO_GYM_KEY) is True or catalog.imports_nemo_gym(
+    """A NeMo Gym server: marked ``nemo_gym: true``, or a NeMo Gym folder (``catalog.is_nemo_gym_folder``)."""
+    return spec.config.get(NEMO_GYM_KEY) is True or catalog.is_nemo_gym_folder(
         spec.directory, entrypoint_of(spec)
+    )
+
+
+_MAIN_BLOCK = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.MULTILINE)
+
+
+def nothing_to_run(spec: ServerSpec) -> str | None:
+    """Why NeMo Gym's folder of ``spec`` has no server to start, or None when it has one. Every
+    NeMo Gym server's entrypoint starts it under ``if __name__ == "__main__":``; a library folder
+    (``sec_local_index``, ``gymnasium``) declares an entrypoint only because every folder does,
+    and ``python`` on it would exit at once."""
+    entrypoint = spec.directory / entrypoint_of(spec)
+    try:
+        text = entrypoint.read_text(errors="replace")
+    except OSError:
+        return f"its entrypoint {entrypoint} cannot be read"
+    if _MAIN_BLOCK.search(text):
+        return None
+    said = spec.config.get("description")
+    return (
+        f'its entrypoint {entrypoint_of(spec)} starts nothing (no `if __name__ == "__main__":` '
+        "block): a library other servers import, not a server"
+        + (f" (its config says: {said})" if isinstance(said, str) and said else "")
     )
 
 
@@ -259,10 +283,22 @@ class NemoGymServers:
     """The NeMo Gym servers of one stack: environments, processes, registry entries."""
 
     def __init__(self, specs: list[ServerSpec]) -> None:
+        """Raises ``ConfigError`` (exit 2) naming every folder with no server to start."""
+        idle = [(spec, why) for spec in specs if (why := nothing_to_run(spec)) is not None]
+        if idle:
+            raise ConfigError(
+                [
+                    f"{spec.name}: NeMo Gym's folder {spec.directory} has no server to run: {why}"
+                    for spec, why in idle
+                ]
+            )
         self.specs = specs
         self.procs: dict[str, ForkedServer] = {}
         self.logs: dict[str, Path] = {}
         self.forks: dict[Path, ForkServer] = {}
+        self.leases: list[Lease] = []
+        """The environments the servers run in, held until stop() (and by the fork servers and
+        each server, which inherit its lease) so that no prune removes them."""
 
     async def start(self, config: StackConfig, registry: Registry, head_url: str, stack_id: str) -> None:
         """Build (or reuse) each environment, start every server, register each once it listens."""
@@ -275,8 +311,15 @@ class NemoGymServers:
                 f"--ignore-requires-python; choose another: --nemo-gym-python, {PYTHON_KEY})",
                 file=sys.stderr,
             )
-        built = await asyncio.gather(*(asyncio.to_thread(ensure_env, each) for each in distinct))
-        envs = {name: built[distinct.index(each)] for name, each in inputs.items()}
+        leased = await asyncio.gather(
+            *(asyncio.to_thread(lease_env, each) for each in distinct), return_exceptions=True
+        )
+        held = {each: lease for each, lease in zip(distinct, leased, strict=True) if isinstance(lease, Lease)}
+        self.leases.extend(held.values())  # stop() lets go of them, even when another build failed
+        failed = next((error for error in leased if isinstance(error, BaseException)), None)
+        if failed is not None:
+            raise failed
+        envs = {name: held[each] for name, each in inputs.items()}
         log_dir = stacks.logs_dir(stack_id)
         await self._start_fork_servers(envs, log_dir, _fork_setting(config))
         addresses = {name: _address(entry["url"]) for name, entry in registry.entries.items()}
@@ -290,28 +333,30 @@ class NemoGymServers:
         texts = await asyncio.gather(*(_resolve(fork, whole) for fork in forks))
         resolved = {fork.env: text for fork, text in zip(forks, texts, strict=True)}
         for spec in self.specs:
-            env = envs[spec.name]
+            env = envs[spec.name].path
             await self._spawn(spec, self.forks[env], resolved[env], log_dir)
         await self._wait_listening(registry, addresses)
 
-    async def _start_fork_servers(self, envs: dict[str, Path], log_dir: Path, fork: bool) -> None:
-        """One fork server per environment, started together (each imports for seconds)."""
-        by_env = {env: next(s for s in self.specs if envs[s.name] == env) for env in envs.values()}
+    async def _start_fork_servers(self, envs: dict[str, Lease], log_dir: Path, fork: bool) -> None:
+        """One fork server per environment, started together (each imports for seconds). It holds
+        the environment's lease, and so does every server it starts."""
+        firsts = {lease: next(s for s in self.specs if envs[s.name] is lease) for lease in envs.values()}
         started = await asyncio.gather(
             *(
                 ForkServer.start(
-                    env,
-                    log_dir / f"nemo_gym_forkserver.{env.name}.log",
-                    _activated(env, _checkout(spec)),
+                    lease.path,
+                    log_dir / f"nemo_gym_forkserver.{lease.path.name}.log",
+                    _activated(lease.path, _checkout(spec)),
                     fork,
+                    lease.fileno(),
                 )
-                for env, spec in by_env.items()
+                for lease, spec in firsts.items()
             ),
             return_exceptions=True,
         )
-        for env, each in zip(by_env, started, strict=True):
+        for lease, each in zip(firsts, started, strict=True):
             if isinstance(each, ForkServer):
-                self.forks[env] = each
+                self.forks[lease.path] = each
         failed = [each for each in started if isinstance(each, BaseException)]
         if failed:
             raise failed[0]
@@ -336,7 +381,8 @@ class NemoGymServers:
                 if proc.returncode is not None:
                     raise LaunchError(self.describe_death(name, proc.returncode, "while starting"))
                 host, port = addresses[name]
-                if await _accepts(host, port) and holds_listener(proc.pid, port):
+                # the child's own listening socket: the kernel queues connections from then on
+                if await asyncio.to_thread(holds_listener, proc.pid, port):
                     url = f"http://{host}:{port}"
                     entry = RunningServer(name, spec.kind, spec.implementation, url, proc.pid)
                     registry.register({**asdict(entry), "nemo_gym": True})
@@ -365,9 +411,12 @@ class NemoGymServers:
 
     async def stop(self) -> None:
         """SIGTERM each server's process group, SIGKILL what is left after the deadline; then the
-        fork servers, which would end any server still running."""
+        fork servers (which would end any server still running); then let go of the environments."""
         await stop_processes(list(self.procs.values()), _signal_group)
         await asyncio.gather(*(fork.close() for fork in self.forks.values()))
+        for lease in self.leases:
+            lease.close()
+        self.leases.clear()
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}
@@ -415,17 +464,6 @@ def _signal_group(proc: ForkedServer, sig: signal.Signals) -> None:
     """Signal the process group the child leads (it was started in a session of its own)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-
-
-async def _accepts(host: str, port: int) -> bool:
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
 
 
 def _address(url: str) -> tuple[str, int]:

@@ -24,6 +24,7 @@ from polygym.collect.reverify import (
     verify_payload,
 )
 from polygym.collect.rollouts import Limits, Result, collect
+from polygym.collect.task_source import task_routes
 from polygym.jsonl import write_jsonl
 from polygym.net.client import ServerCallError
 from polygym.row import Job
@@ -188,6 +189,22 @@ def test_a_stored_row_without_agent_ref_is_routed_by_its_materialized_input(tmp_
         plan_reverify(path, failed_only=False)
     plan = plan_reverify(path, failed_only=False, sent={(0, 0): {"agent_ref": {"name": "b"}}})
     assert plan.items[0].job.agent == "b"
+
+
+def test_a_row_routed_by_task_source_goes_to_the_agent_its_environment_resolves_to(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    unrouted = {k: v for k, v in rollout(0).items() if k != "agent_ref"}
+    write_jsonl([{**unrouted, "task_source": "env"}, {**rollout(1), "task_source": "env"}], path)
+    agent = {"responses_api_agents": {"simple_agent": {"resources_server": {"name": "env"}}}}
+    routes = task_routes({"env": {"resources_servers": {"env": {}}}, "env_agent": agent})
+    plan = plan_reverify(path, failed_only=False, routes=routes)
+    assert [i.job.agent for i in plan.items] == ["env_agent", "a"]  # agent_ref wins, as in NeMo Gym
+    write_jsonl([{k: v for k, v in rollout(0).items() if k != "agent_ref"}], path)
+    plan = plan_reverify(path, failed_only=False, sent={(0, 0): {"task_source": "env"}}, routes=routes)
+    assert plan.items[0].job.agent == "env_agent"  # the materialized input's task_source
+    write_jsonl([{**unrouted, "task_source": "other"}], path)
+    with pytest.raises(ReverifyError, match=r"out\.jsonl:1: task_source 'other': cannot route: not a server"):
+        plan_reverify(path, failed_only=False, routes=routes)
 
 
 def item(old: float | None, verify: bool = True) -> Item:

@@ -224,3 +224,23 @@ def test_rows_of_an_agent_the_stack_lacks_are_refused_naming_it(run_dir: Path) -
     assert result.returncode == 2
     assert AGENT in result.stderr and "out.jsonl" in result.stderr
     assert not (run_dir / "out_reverified.jsonl").exists()
+
+
+def test_rows_routed_by_task_source_are_reverified_by_their_agent(run_dir: Path) -> None:
+    """NeMo Gym's newer rows name their environment in ``task_source`` and carry no ``agent_ref``:
+    reverify routes them as ``gym eval run`` does, to the one agent that references it."""
+    files = RunFiles(run_dir / "out.jsonl")
+    for path in (files.output, files.materialized):
+        rows = [{k: v for k, v in row.items() if k != "agent_ref"} for row in iter_jsonl(path)]
+        write_jsonl([{**row, "task_source": ENV} for row in rows], path)
+    tamper(files.output, {0: {"reward": 0.0}})
+    result = run_gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", cwd=run_dir)
+    assert result.returncode == 0, result.stderr
+    new = RunFiles(reverified_path(files.output))
+    assert [r["reward"] for r in iter_jsonl(new.output)] == [1.0] * 5
+    assert diff_of(new.output)["per_environment"][AGENT]["raised"] == 1
+
+    write_jsonl([{**row, "task_source": "no_such_env"} for row in iter_jsonl(files.output)], files.output)
+    refused = run_gym("eval", "reverify", *SERVE, "--rollouts", "out.jsonl", "--overwrite", cwd=run_dir)
+    assert refused.returncode == 2
+    assert "task_source 'no_such_env': cannot route: not a server instance" in refused.stderr

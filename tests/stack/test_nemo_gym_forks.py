@@ -28,6 +28,7 @@ report = {
     "name": __name__, "file": __file__, "argv": sys.argv, "cwd": os.getcwd(), "path": sys.path,
     "config_path": os.environ.get("NEMO_GYM_CONFIG_PATH"), "leads_session": os.getsid(0) == os.getpid(),
     "preloaded": "nemo_gym.server_utils" in sys.modules, "stdin": sys.stdin.read(),
+    "lease": os.readlink(f"/proc/self/fd/{os.environ['LEASE_FD']}"),
 }
 print("serving", flush=True)
 with open("report.json", "w") as out:
@@ -82,8 +83,13 @@ def world(tmp_path: Path) -> dict[str, Path]:
 
 
 async def fork_server(world: dict[str, Path], fork: bool) -> ForkServer:
+    """The fork server, holding a stand-in for the environment's lease (``stack.env_cache``)."""
     env = {**os.environ, "PYTHONPATH": str(world["fake"])}
-    return await ForkServer.start(world["env"], world["tmp"] / "forkserver.log", env, fork)
+    lease = os.open(world["tmp"] / "env.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        return await ForkServer.start(world["env"], world["tmp"] / "forkserver.log", env, fork, lease)
+    finally:
+        os.close(lease)  # the fork server has its own copy
 
 
 @pytest.fixture
@@ -93,14 +99,15 @@ async def forks(world: dict[str, Path]) -> AsyncIterator[ForkServer]:
     await server.close()
 
 
-def server_env(world: dict[str, Path], **extra: str) -> dict[str, str]:
+def server_env(world: dict[str, Path], forks: ForkServer) -> dict[str, str]:
     python_path = os.pathsep.join([str(world["folder"]), str(world["fake"])])
-    return {**os.environ, "PYTHONPATH": python_path, "NEMO_GYM_CONFIG_PATH": "tiny", **extra}
+    lease = str(forks.lease_fd)
+    return {**os.environ, "PYTHONPATH": python_path, "NEMO_GYM_CONFIG_PATH": "tiny", "LEASE_FD": lease}
 
 
 async def report_of(forks: ForkServer, world: dict[str, Path], name: str = "tiny") -> dict[str, Any]:
     log = world["tmp"] / f"{name}.{forks.process.pid}.log"
-    server = await forks.spawn(name, "app.py", str(world["folder"]), server_env(world), log)
+    server = await forks.spawn(name, "app.py", str(world["folder"]), server_env(world, forks), log)
     assert await server.wait() == 0, log.read_text()
     assert "serving" in log.read_text()
     report = json.loads((world["folder"] / "report.json").read_text())
@@ -123,6 +130,7 @@ async def test_a_forked_server_sees_what_a_fresh_interpreter_sees(
     assert forked["file"] == str(world["folder"] / "app.py") and forked["cwd"] == str(world["folder"])
     assert forked["path"][:3] == [str(world["folder"]), str(world["folder"]), str(world["fake"])]
     assert forked["config_path"] == "tiny" and forked["leads_session"] is True
+    assert forked["lease"] == str(world["tmp"] / "env.lock")  # the environment stays in use
     assert "a banner an import prints" in (world["tmp"] / "forkserver.log").read_text()
 
 
@@ -146,7 +154,7 @@ async def test_exits_are_reported_as_a_child_process_reports_them(
     for name, (code, returncode) in cases.items():
         (world["folder"] / f"{name}.py").write_text(code)
         log = world["tmp"] / f"{name}.log"
-        server = await forks.spawn(name, f"{name}.py", str(world["folder"]), server_env(world), log)
+        server = await forks.spawn(name, f"{name}.py", str(world["folder"]), server_env(world, forks), log)
         assert await server.wait() == returncode, name
         assert server.returncode == returncode
     assert "RuntimeError: boom from the server" in (world["tmp"] / "raises.log").read_text()
@@ -159,7 +167,7 @@ async def test_closing_the_fork_server_ends_its_servers(world: dict[str, Path]) 
     )
     forks = await fork_server(world, fork=True)
     server = await forks.spawn(
-        "forever", "forever.py", str(world["folder"]), server_env(world), world["tmp"] / "f.log"
+        "forever", "forever.py", str(world["folder"]), server_env(world, forks), world["tmp"] / "f.log"
     )
     assert server.returncode is None
     began = time.monotonic()
@@ -175,12 +183,14 @@ async def test_a_dead_fork_server_leaves_no_server_and_says_so(
 ) -> None:
     (world["folder"] / "forever.py").write_text("import time\nwhile True:\n    time.sleep(1)\n")
     server = await forks.spawn(
-        "forever", "forever.py", str(world["folder"]), server_env(world), world["tmp"] / "f.log"
+        "forever", "forever.py", str(world["folder"]), server_env(world, forks), world["tmp"] / "f.log"
     )
     forks.process.kill()
     assert await server.wait() == -signal.SIGKILL
     with pytest.raises(nemo_gym_server.LaunchError, match=r"fork server in .* died"):
-        await forks.spawn("again", "app.py", str(world["folder"]), server_env(world), world["tmp"] / "a.log")
+        await forks.spawn(
+            "again", "app.py", str(world["folder"]), server_env(world, forks), world["tmp"] / "a.log"
+        )
 
 
 async def test_nemo_gyms_refusal_reason_is_shown_not_what_it_logged_before(forks: ForkServer) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from polygym.errors import ConfigError
+from polygym.net.child_port import port_for_a_child
 from polygym.stack import nemo_gym_server
 from polygym.stack.backend import LaunchError
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
@@ -52,6 +53,36 @@ def test_a_folder_importing_nemo_gym_is_nemo_gyms_and_polygyms_are_not(tmp_path:
     shipped = Path(__file__).resolve().parents[2] / "resources_servers" / "example_single_tool_call"
     assert not is_nemo_gym_server(spec(shipped))
     assert is_nemo_gym_server(spec(shipped, nemo_gym=True))
+
+
+def test_any_folder_of_nemo_gyms_own_tree_is_nemo_gyms(tmp_path: Path) -> None:
+    """A library folder (``sec_local_index``: its entrypoint imports no ``nemo_gym``) under a root
+    that holds the nemo_gym package is NeMo Gym's; the same folder in another tree is not."""
+    root = nemo_tree(tmp_path / "ng")
+    library = root / "resources_servers" / "library"
+    library.mkdir()
+    (library / "search.py").write_text("import sqlite3\n")
+    assert not is_nemo_gym_server(spec(library, entrypoint="search.py"))  # no nemo_gym package here
+    (root / "nemo_gym").mkdir()
+    (root / "nemo_gym" / "__init__.py").write_text("")
+    assert is_nemo_gym_server(spec(library, entrypoint="search.py"))
+
+
+def test_a_nemo_gym_folder_with_no_server_to_run_is_refused_naming_it(tmp_path: Path) -> None:
+    root = nemo_tree(tmp_path / "ng")
+    folder = root / "resources_servers" / "tiny"
+    with pytest.raises(ConfigError) as refused:
+        nemo_gym_server.NemoGymServers([spec(folder, description="Not a standalone server.")])
+    assert refused.value.exit_code == 2
+    assert str(refused.value.problems) == str(
+        [
+            f"tiny: NeMo Gym's folder {folder} has no server to run: its entrypoint app.py starts nothing "
+            '(no `if __name__ == "__main__":` block): a library other servers import, not a server '
+            "(its config says: Not a standalone server.)"
+        ]
+    )
+    (folder / "app.py").write_text('import nemo_gym\n\nif __name__ == "__main__":\n    run()\n')
+    assert nemo_gym_server.NemoGymServers([spec(folder)]).specs == [spec(folder)]
 
 
 def test_an_entrypoint_elsewhere_is_nemo_gyms_when_its_folder_is(tmp_path: Path) -> None:
@@ -187,6 +218,7 @@ async def test_a_server_that_never_listens_is_named_with_what_its_log_says(
 ) -> None:
     """competitive_coding_challenges waits at start for a sandbox service: its log says where."""
     monkeypatch.setattr(nemo_gym_server, "READY_TIMEOUT_S", 0.3)
+    (tmp_path / "app.py").write_text('if __name__ == "__main__":\n    pass\n')
     servers = nemo_gym_server.NemoGymServers([spec(tmp_path)])
     servers.logs["tiny"] = tmp_path / "tiny.log"
     with servers.logs["tiny"].open("wb") as log, socket.socket() as closed:
@@ -206,6 +238,34 @@ async def test_a_server_that_never_listens_is_named_with_what_its_log_says(
             await servers.procs["tiny"].wait()
     assert "not listening after 0.3s: tiny" in str(refused.value)
     assert "pre-loading metadata (~27 GB)" in str(refused.value)
+
+
+async def test_a_server_is_registered_once_its_own_process_listens(tmp_path: Path) -> None:
+    """Listening is enough (the kernel queues connections before the server's loop accepts them)."""
+    (tmp_path / "app.py").write_text('if __name__ == "__main__":\n    pass\n')
+    servers = nemo_gym_server.NemoGymServers([spec(tmp_path)])
+    port = port_for_a_child("127.0.0.1")
+    code = (
+        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen();"
+        "print('listening', flush=True); sys.stdin.read()"
+    )
+    servers.procs["tiny"] = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, str(port), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    registry = Registry()
+    try:
+        assert servers.procs["tiny"].stdout is not None
+        assert await servers.procs["tiny"].stdout.readline() == b"listening\n"
+        await asyncio.wait_for(servers._wait_listening(registry, {"tiny": ("127.0.0.1", port)}), 30)
+    finally:
+        servers.procs["tiny"].kill()
+        await servers.procs["tiny"].wait()
+    entry = registry.entries["tiny"]
+    assert (entry["url"], entry["pid"], entry["nemo_gym"]) == (
+        f"http://127.0.0.1:{port}",
+        servers.procs["tiny"].pid,
+        True,
+    )
 
 
 def test_overrides_beside_requirements_are_read_as_ng_run_reads_them(tmp_path: Path) -> None:
