@@ -497,16 +497,17 @@ def test_implementation_named_after_a_variant_runs_the_folder_holding_its_config
     assert any("unknown resources_servers implementation 'weather_arctic'" in p for p in problems_of(excinfo))
 
 
-@pytest.mark.slow
 @pytest.mark.nemo_gym
 def test_nemo_gym_own_configs_load_or_are_refused_clearly() -> None:
-    """Every config file of NeMo Gym 0.7 (561) loads, or is refused with a ConfigError, never a crash
-    (benchmarks/nemo_gym_configs.py; 437 were accepted when this was written, 290 before #12)."""
+    """NeMo Gym 0.7's config files load, or are refused with a ConfigError, never a crash. Every
+    fourth of the 561 here (141: 110 accepted when this was written); the whole sweep is the
+    benchmark ``python -m benchmarks.nemo_gym_configs`` (437 accepted, 290 before #12), at ~25 s
+    of CPU too slow for every run of the suite."""
     from benchmarks.nemo_gym_configs import measure
 
-    counts, reasons = measure(nemo_gym_tree())
+    counts, reasons = measure(nemo_gym_tree(), every=4)
     assert counts["crashed"] == 0, reasons
-    assert counts["accepted"] >= 430, (counts, reasons.most_common(10))
+    assert counts["accepted"] >= 108, (counts, reasons.most_common(10))
 
 
 def nemo_gym_shaped_tree(root: Path) -> Path:
