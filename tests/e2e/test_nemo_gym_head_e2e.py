@@ -15,7 +15,9 @@ nothing is installed. Everything listens on loopback.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -112,10 +114,14 @@ class NemoGymStack:
         }
         args = ["env", "start", "--resources-server", NEMO_ENV, "--model-type", "openai_model"]
         self.log = (cwd / "nemo_gym_stack.log").open("w+b")
+        # NeMo Gym starts a Ray cluster and, given none, its servers join the machine's latest one
+        # (named in Ray's temporary folder): under xdist that is another test's, even a simulated
+        # node's. A folder of its own (short: Ray's socket paths are bounded) keeps it to its own.
+        self.ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
         self.proc = subprocess.Popen(
             nemo_gym_command(python, *args, *(f"++{key}={value}" for key, value in settings.items())),
             cwd=cwd,
-            env=nemo_gym_env(),
+            env={**nemo_gym_env(), "RAY_TMPDIR": self.ray_dir},
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -157,6 +163,7 @@ class NemoGymStack:
                     process.kill()
         self.proc.wait(15)
         self.log.close()
+        shutil.rmtree(self.ray_dir, ignore_errors=True)
 
 
 def _accepts(url: Any) -> bool:
