@@ -21,6 +21,7 @@ import orjson
 from polygym import metrics
 from polygym.collect.health import Finding, HealthMonitor, env_of
 from polygym.collect.job_plan import JobPlan
+from polygym.collect.perf_record import NG_PERF
 from polygym.collect.progress import Progress
 from polygym.collect.rollouts import Limits, Result, collect
 from polygym.collect.run_files import RolloutWriter, RunFiles, done_keys, prepare
@@ -59,7 +60,7 @@ class RunSummary:
 
 
 def reduce_rollout(rollout: dict[str, Any]) -> dict[str, Any]:
-    """What ``/aggregate_metrics`` needs of a rollout: scalar fields and token usage.
+    """What ``/aggregate_metrics`` needs of a rollout: scalar fields, token usage and ``ng_perf``.
 
     Full responses can be megabytes each; metrics over 10,000 rollouts must not resend them.
     """
@@ -67,6 +68,8 @@ def reduce_rollout(rollout: dict[str, Any]) -> dict[str, Any]:
     response = rollout.get("response")
     if isinstance(response, dict):
         reduced["response"] = {"usage": response.get("usage"), "status": response.get("status")}
+    if isinstance(perf := rollout.get(NG_PERF), dict):
+        reduced[NG_PERF] = perf  # NeMo Gym's /aggregate_metrics summarises it as perf_summary
     return reduced
 
 
