@@ -24,7 +24,7 @@ from polygym.collect.job_plan import JobPlan
 from polygym.collect.perf_record import NG_PERF
 from polygym.collect.progress import Progress
 from polygym.collect.rollouts import Limits, Result, collect
-from polygym.collect.run_files import RolloutWriter, RunFiles, done_keys, prepare
+from polygym.collect.run_files import RolloutWriter, RunFiles, finished_keys, prepare
 from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
 from polygym.collect.stack_watch import StackHealth
@@ -234,10 +234,10 @@ async def run_eval(
     """
     plan = jobs if isinstance(jobs, JobPlan) else JobPlan.from_jobs(jobs)
     with RunLock(files):
-        failed = attempts(files) if resume else Counter()  # before prepare clears the failures
+        failed = attempts(files) if resume else Counter()  # before prepare clears those run again
         prepare(files, resume, overwrite, fingerprint=plan.fingerprint())
         check_stack(files, await read_identity(client), allow_stack_change)
-        done = {key for key in done_keys(files.output) if plan.agent_of(key) is not None} if resume else set()
+        done = {key for key in finished_keys(files) if plan.agent_of(key) is not None} if resume else set()
         summary = RunSummary(total=len(plan), skipped=len(done))
         if monitor is not None:
             summary.health = monitor

@@ -46,7 +46,7 @@ from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.eval_settings import ALLOW_STACK_CHANGE, DISABLE_AGGREGATION
 from polygym.collect.failure_budget import MAX_FAILURES, NO_FAILURES, FailureBudget
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, Limits, Result, collect
-from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, done_keys, prepare
+from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, finished_keys, prepare
 from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
 from polygym.collect.task_source import TASK_SOURCE, TaskRoutes, head_task_routes
@@ -516,7 +516,7 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
             files, settings.resume, settings.overwrite, fingerprint=plan.fingerprint(settings.failed_only)
         )
         check_stack(files, await read_identity(client), settings.allow_stack_change)
-        done = done_keys(files.output) if settings.resume else set()
+        done = finished_keys(files) if settings.resume else set()
         summary = ReverifySummary(
             len(plan.items), len(done & {i.job.key for i in plan.items}), plan.no_response
         )
