@@ -1,4 +1,4 @@
-"""Sessions are released on polygym's and NeMo Gym's resources servers alike (/end_session, /close_session)."""
+"""Sessions are released on polygym's and NeMo Gym's resources servers: /end_session, /close_session."""
 
 from __future__ import annotations
 
