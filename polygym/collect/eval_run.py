@@ -21,7 +21,6 @@ import orjson
 from polygym import metrics
 from polygym.collect.health import Finding, HealthMonitor, env_of
 from polygym.collect.job_plan import JobPlan
-from polygym.collect.perf_record import NG_PERF
 from polygym.collect.progress import Progress
 from polygym.collect.rollouts import Limits, Result, collect
 from polygym.collect.run_files import RolloutWriter, RunFiles, finished_keys, prepare
@@ -31,7 +30,7 @@ from polygym.collect.stack_watch import StackHealth
 from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
-from polygym.row import ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.row import ATTEMPT_INDEX, NG_PERF, ROLLOUT_INDEX, TASK_INDEX, Job
 
 REDUCED_SCALARS = (str, int, float, bool, type(None))
 

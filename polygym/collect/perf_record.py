@@ -25,9 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from polygym.collect.health import model_turns
-
-NG_PERF = "ng_perf"
-"""The rollout key NeMo Gym 0.7's collector writes the record under."""
+from polygym.row import NG_PERF
 
 
 def _count(value: Any) -> int | None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from polygym.collect.perf_record import NG_PERF, perf_record, with_perf_record
+from polygym.collect.perf_record import perf_record, with_perf_record
 from polygym.protocol import complete_response, function_call_item, function_call_output_item, message_item
+from polygym.row import NG_PERF
 
 NEMO_GYM_PERF_KEYS = {
     "num_turns",
