@@ -105,6 +105,7 @@ def test_guide_flow_through_openai_model(tmp_path: Path, start_stack: Any, scrip
         assert entry["agent_metrics"]["mean/reward"] == 1.0 and entry["agent_metrics"]["num_rollouts"] == 5
         assert entry["key_metrics"]["num_failures"] == 0
         assert len(entry["group_level_metrics"]) == 5
+        assert entry["perf_summary"]["overall_observability_coverage"] == 1.0  # of the ng_perf records
     assert "per-environment metrics" in result.stdout
 
 
