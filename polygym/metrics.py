@@ -20,7 +20,7 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from polygym.row import PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward, usage
+from polygym.row import NG_PERF, PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward, usage
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -190,13 +190,81 @@ def coverage(rollouts: list[dict[str, Any]], measured: list[dict[str, Any]]) -> 
     }
 
 
+PERF_TOKEN_FIELDS = ("prompt_tokens", "cached_prompt_tokens", "completion_tokens", "reasoning_tokens")
+"""``ng_perf`` token counts, each summarised as ``mean_``, ``median_`` and ``total_<field>``."""
+PERF_TURN_STATS = ("mean", "median", "std", "min", "p90", "max")
+PERF_LATENCY_STATS = ("p50", "p90", "p99", "mean")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0-1) with linear interpolation between the closest ranks (numpy's and
+    pandas' default, which NeMo Gym uses); one value is its own every quantile."""
+    ranked = sorted(values)
+    position = q * (len(ranked) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ranked) - 1)
+    return float(ranked[low] + (ranked[high] - ranked[low]) * (position - low))
+
+
+def perf_stat(values: list[float], stat: str) -> float:
+    """One statistic by NeMo Gym's name for it (``std`` is the population one there)."""
+    named: dict[str, Any] = {
+        "mean": statistics.fmean,
+        "median": statistics.median,
+        "total": sum,
+        "std": statistics.pstdev,
+        "min": min,
+        "max": max,
+    }
+    return named[stat](values) if stat in named else percentile(values, int(stat[1:]) / 100)
+
+
+def perf_summary(rollouts: list[dict[str, Any]]) -> dict[str, float] | None:
+    """NeMo Gym 0.7's ``perf_summary`` of the rollouts' ``ng_perf`` records, under its key names:
+    the share of rollouts with a record and with token counts, token means/medians/totals, turn
+    statistics, completion tokens per turn and latency percentiles. A statistic whose field no
+    record holds is left out; None when no rollout has a record (NeMo Gym writes null then)."""
+    records = [r[NG_PERF] for r in rollouts if isinstance(r.get(NG_PERF), dict)]
+    if not records:
+        return None
+
+    def values(key: str) -> list[float]:
+        return [r[key] for r in records if isinstance(r.get(key), int | float)]
+
+    counted = [r for r in records if isinstance(r.get("token_observability_coverage"), int | float)]
+    summary = {
+        "overall_observability_coverage": len(records) / len(rollouts),
+        "token_observability_coverage": sum(r["token_observability_coverage"] > 0 for r in counted)
+        / len(rollouts),
+    }
+    for name in PERF_TOKEN_FIELDS:
+        if found := values(name):
+            summary.update({f"{stat}_{name}": perf_stat(found, stat) for stat in ("mean", "median", "total")})
+    if turns := values("num_turns"):
+        summary.update({f"{stat}_num_turns": perf_stat(turns, stat) for stat in PERF_TURN_STATS})
+    per_turn = [
+        r["completion_tokens"] / r["num_turns"]
+        for r in records
+        if isinstance(r.get("completion_tokens"), int | float)
+        and isinstance(r.get("num_turns"), int | float)
+        and r["num_turns"] > 0
+    ]
+    if per_turn:
+        summary.update({f"{stat}_tokens_per_turn": perf_stat(per_turn, stat) for stat in ("mean", "median")})
+    if latency := values("total_latency_ms"):
+        summary.update({f"total_latency_{stat}_ms": perf_stat(latency, stat) for stat in PERF_LATENCY_STATS})
+    return summary
+
+
 def aggregate(
     rollouts: list[dict[str, Any]], pass_threshold: float = PASS_THRESHOLD, answer_field: str | None = None
 ) -> dict[str, Any]:
-    """The metrics block of one agent: ``agent_metrics``, ``key_metrics``, ``group_level_metrics``.
+    """The metrics block of one agent: ``agent_metrics``, ``key_metrics``, ``group_level_metrics``,
+    ``repeat_level_metrics`` and ``perf_summary``.
 
     ``num_rollouts`` and ``num_repeats`` count every rollout that ran; the rest is computed from the
-    rollouts not masked (``mask_sample``), and none of it when every one was.
+    rollouts not masked (``mask_sample``), and none of it when every one was, but ``perf_summary``,
+    which, as in NeMo Gym, covers every rollout that ran.
     """
     measured = [r for r in rollouts if not r.get(MASK_SAMPLE)]
     counts = {"num_rollouts": len(rollouts), **coverage(rollouts, measured)}
@@ -206,6 +274,7 @@ def aggregate(
             "key_metrics": dict(counts),
             "group_level_metrics": [],
             "repeat_level_metrics": [],
+            "perf_summary": perf_summary(rollouts),
         }
     agent_metrics: dict[str, Any] = {"num_rollouts": len(rollouts), "num_tasks": 0}
     fields = [numeric_fields(r) for r in measured]
@@ -226,6 +295,7 @@ def aggregate(
         "key_metrics": key_metrics,
         "group_level_metrics": rows,
         "repeat_level_metrics": repeat_metrics(measured, fields),
+        "perf_summary": perf_summary(rollouts),
     }
 
 

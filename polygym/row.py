@@ -49,6 +49,8 @@ ALL_ENVS_LABEL = "(all)"
 """How tables print the roll-up."""
 PASS_THRESHOLD = 1.0
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens")
+NG_PERF = "ng_perf"
+"""NeMo Gym 0.7's per-rollout performance record (latency, turns, tokens) on a rollout row."""
 
 
 NG_FAILURE_PREFIX = "_ng_failure_"

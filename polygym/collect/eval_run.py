@@ -23,14 +23,14 @@ from polygym.collect.health import Finding, HealthMonitor, env_of
 from polygym.collect.job_plan import JobPlan
 from polygym.collect.progress import Progress
 from polygym.collect.rollouts import Limits, Result, collect
-from polygym.collect.run_files import RolloutWriter, RunFiles, done_keys, prepare
+from polygym.collect.run_files import RolloutWriter, RunFiles, finished_keys, prepare
 from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
 from polygym.collect.stack_watch import StackHealth
 from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.protocol import AGENT_KIND
-from polygym.row import ATTEMPT_INDEX, ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.row import ATTEMPT_INDEX, NG_PERF, ROLLOUT_INDEX, TASK_INDEX, Job
 
 REDUCED_SCALARS = (str, int, float, bool, type(None))
 
@@ -59,7 +59,7 @@ class RunSummary:
 
 
 def reduce_rollout(rollout: dict[str, Any]) -> dict[str, Any]:
-    """What ``/aggregate_metrics`` needs of a rollout: scalar fields and token usage.
+    """What ``/aggregate_metrics`` needs of a rollout: scalar fields, token usage and ``ng_perf``.
 
     Full responses can be megabytes each; metrics over 10,000 rollouts must not resend them.
     """
@@ -67,6 +67,8 @@ def reduce_rollout(rollout: dict[str, Any]) -> dict[str, Any]:
     response = rollout.get("response")
     if isinstance(response, dict):
         reduced["response"] = {"usage": response.get("usage"), "status": response.get("status")}
+    if isinstance(perf := rollout.get(NG_PERF), dict):
+        reduced[NG_PERF] = perf  # NeMo Gym's /aggregate_metrics summarises it as perf_summary
     return reduced
 
 
@@ -231,10 +233,10 @@ async def run_eval(
     """
     plan = jobs if isinstance(jobs, JobPlan) else JobPlan.from_jobs(jobs)
     with RunLock(files):
-        failed = attempts(files) if resume else Counter()  # before prepare clears the failures
+        failed = attempts(files) if resume else Counter()  # before prepare clears those run again
         prepare(files, resume, overwrite, fingerprint=plan.fingerprint())
         check_stack(files, await read_identity(client), allow_stack_change)
-        done = {key for key in done_keys(files.output) if plan.agent_of(key) is not None} if resume else set()
+        done = {key for key in finished_keys(files) if plan.agent_of(key) is not None} if resume else set()
         summary = RunSummary(total=len(plan), skipped=len(done))
         if monitor is not None:
             summary.health = monitor

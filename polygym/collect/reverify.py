@@ -5,8 +5,9 @@ or a grader's prompt changed: the responses are still good, only their rewards a
 the rollouts again would cost the model calls and change the responses; reverification sends
 each stored response to its environment's ``/verify`` again, exactly as the agent did at the end
 of the rollout (``polygym.servers.agent``): ``/seed_session`` with the row as sent, ``/verify``
-with the row and the stored response in that session, ``/end_session`` in every case. Stateful
-environments get their session back that way; stateless ones ignore it. A server reverified only
+with the row and the stored response in that session, ``/end_session`` (a NeMo Gym server's
+``/close_session``) in every case. Stateful environments get their session back that way;
+stateless ones ignore it. A server reverified only
 because of ``--force`` (NeMo Gym's, whose ``/reverify_mode`` is not ``stateless``) gets ``/verify``
 alone, as NeMo Gym's reverify sends it: a session seeded afresh would hold none of the rollout's
 state, and a stateful server would score that empty trajectory where NeMo Gym's refuses the row.
@@ -45,17 +46,17 @@ from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.eval_settings import ALLOW_STACK_CHANGE, DISABLE_AGGREGATION
 from polygym.collect.failure_budget import MAX_FAILURES, NO_FAILURES, FailureBudget
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, Limits, Result, collect
-from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, done_keys, prepare
+from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, finished_keys, prepare
 from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
 from polygym.collect.task_source import TASK_SOURCE, TaskRoutes, head_task_routes
 from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
-from polygym.net import budget
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.protocol import AGENT_KIND, RESOURCES_KIND
 from polygym.row import ALL_ENVS, FAILURE_CLASS_FIELDS, NG_FAILURE_PREFIX, ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.servers.judge import JUDGE_FAILED
+from polygym.servers.session_release import SessionRelease
 from polygym.settings import cli
 from polygym.suggest import unknown_name_message
 
@@ -71,7 +72,6 @@ NOT_STATELESS = frozenset({"unsupported", "unknown"})
 """``GET /reverify_mode`` answers (NeMo Gym) for which NeMo Gym's reverify asks ``force``: the
 server's rewards cannot be recomputed (``unsupported``), or it never said (``unknown``, the
 default of NeMo Gym's resources servers)."""
-RELEASE_TIMEOUT_S = 10.0
 DEFAULT_VERIFY_TIMEOUT_S = 300.0
 """One row: seed, verify (a judge call included) and retries; the agent's own ``verify_timeout_s``."""
 OUTCOMES = ("unchanged", "raised", "lowered", "newly_failed", "fixed", "still_failed", "carried")
@@ -326,6 +326,7 @@ class Verifier:
         self.sent = sent
         self.unseeded = unseeded
         """Servers verified without a session (the forced ones, as NeMo Gym's reverify does)."""
+        self.release = SessionRelease()
 
     async def __call__(self, job: Job, timeout_s: float, retry: RetryPolicy) -> Any:
         server = self.resources[job.agent]
@@ -340,10 +341,7 @@ class Verifier:
                 server, "/verify", payload, cookies=cookies, timeout_s=timeout_s, retry=retry
             )
         finally:
-            with contextlib.suppress(ServerCallError), budget.within(budget.UNLIMITED):
-                await self.client.call(
-                    server, "/end_session", {}, cookies=cookies, timeout_s=RELEASE_TIMEOUT_S
-                )
+            await self.release(self.client, server, cookies)
         return reply.json()
 
 
@@ -518,7 +516,7 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
             files, settings.resume, settings.overwrite, fingerprint=plan.fingerprint(settings.failed_only)
         )
         check_stack(files, await read_identity(client), settings.allow_stack_change)
-        done = done_keys(files.output) if settings.resume else set()
+        done = finished_keys(files) if settings.resume else set()
         summary = ReverifySummary(
             len(plan.items), len(done & {i.job.key for i in plan.items}), plan.no_response
         )

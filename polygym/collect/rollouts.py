@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polygym.collect.health import QUARANTINED, HealthMonitor
+from polygym.collect.perf_record import with_perf_record
 from polygym.collect.stack_watch import SERVER_DIED, StackHealth
 from polygym.net import failure
 from polygym.net.client import ServerCallError, ServerClient
@@ -156,11 +157,12 @@ which must be a result with a ``reward``. Raising ``ServerCallError`` (or anythi
 
 
 def run_call(client: ServerClient) -> JobCall:
-    """A job as a rollout: POST the row to its agent's ``/run``."""
+    """A job as a rollout: POST the row to its agent's ``/run``; the rollout gets its ``ng_perf``."""
 
     async def call(job: Job, timeout_s: float, retry: RetryPolicy) -> Any:
+        began = time.perf_counter()
         reply = await client.call(job.agent, "/run", job.row, timeout_s=timeout_s, retry=retry)
-        return reply.json()
+        return with_perf_record(reply.json(), time.perf_counter() - began)
 
     return call
 

@@ -11,7 +11,9 @@ For ``--output X.jsonl`` (DESIGN §3):
 Resuming re-plans the jobs from the same input and options and refuses to continue unless the
 plan's fingerprint is the one recorded: a changed input would silently mix two datasets. Done
 rollouts are the (task, rollout) keys present in ``X.jsonl``; a torn last line left by a
-``kill -9`` is cut off before appending.
+``kill -9`` is cut off before appending. A failure is run again, unless its server marked it
+terminal (``_ng_failure_terminal: true`` in its typed outcome, NeMo Gym's "never attempt this
+episode again"): that one stays in ``X_failures.jsonl`` and counts as finished, as in NeMo Gym.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import orjson
 
 from polygym.jsonl import JsonlAppender, iter_jsonl, truncate_torn_tail
-from polygym.row import ROLLOUT_INDEX, TASK_INDEX
+from polygym.row import NG_FAILURE_TERMINAL, ROLLOUT_INDEX, TASK_INDEX
 
 PLAN_KEY = "plan_fingerprint"
 """The run record's key for ``JobPlan.fingerprint()``."""
@@ -74,6 +76,21 @@ def done_keys(path: Path) -> set[tuple[int, int]]:
     return {
         (r[TASK_INDEX], r[ROLLOUT_INDEX]) for r in iter_jsonl(path) if TASK_INDEX in r and ROLLOUT_INDEX in r
     }
+
+
+def terminal(failure: dict[str, Any]) -> bool:
+    """Whether a failure row must never be run again (its server said so, NeMo Gym's marker)."""
+    return failure.get(NG_FAILURE_TERMINAL) is True
+
+
+def finished_keys(files: RunFiles) -> set[tuple[int, int]]:
+    """The keys a resumed run does not run again: its rollouts and its terminal failures."""
+    failed = {
+        (f[TASK_INDEX], f[ROLLOUT_INDEX])
+        for f in iter_jsonl(files.failures)
+        if terminal(f) and TASK_INDEX in f and ROLLOUT_INDEX in f
+    }
+    return done_keys(files.output) | failed
 
 
 def prepare(
@@ -147,14 +164,16 @@ def write_record(files: RunFiles, record: dict[str, Any]) -> None:
 
 
 def keep_finished(files: RunFiles) -> None:
-    """What a resumed ``gym eval run`` keeps: its finished rollouts and the jobs dispatched so far,
-    each less a torn last line. The failures are cleared, since their jobs run again."""
-    for path in (files.output, files.materialized):
+    """What a resumed ``gym eval run`` keeps: its finished rollouts, its terminal failures and the
+    jobs dispatched so far, each less a torn last line. The other failures are cleared, since
+    their jobs run again."""
+    for path in (files.output, files.materialized, files.failures):
         if path.exists():
             truncate_torn_tail(path)
         else:
             path.write_bytes(b"")
-    files.failures.write_bytes(b"")
+    kept = [f for f in iter_jsonl(files.failures) if terminal(f)]
+    files.failures.write_bytes(b"".join(orjson.dumps(f) + b"\n" for f in kept))
 
 
 class RolloutWriter:

@@ -16,19 +16,15 @@ a rollout's calls stickily.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.routing import Route
 
-from polygym.net import budget
-from polygym.net.client import ServerCallError
 from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND, complete_response
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, json_endpoint
-
-RELEASE_TIMEOUT_S = 10.0
+from polygym.servers.session_release import SessionRelease
 
 
 class ServerRef(BaseModel):
@@ -74,6 +70,10 @@ class Agent(BaseServer[AgentConfigT]):
 
     kind: ClassVar[str] = AGENT_KIND
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = SessionRelease()
+
     async def run(self, row: dict[str, Any]) -> dict[str, Any]:
         """Play one rollout of ``row`` and return it verified (row + response + reward)."""
         return await self.play_in_session(row, verify=True)
@@ -111,19 +111,8 @@ class Agent(BaseServer[AgentConfigT]):
         return dict(reply.cookies)
 
     async def end_session(self, cookies: dict[str, str]) -> None:
-        """Release the rollout's session; best effort, since the rollout's outcome is already known.
-
-        Outside the rollout's budget: this also runs after the caller gave up (its deadline passed,
-        or it disconnected and the rollout was cancelled), and the session must still be released.
-        """
-        with contextlib.suppress(ServerCallError), budget.within(budget.UNLIMITED):
-            await self.client.call(
-                self.config.resources_server.name,
-                "/end_session",
-                {},
-                cookies=cookies,
-                timeout_s=RELEASE_TIMEOUT_S,
-            )
+        """Release the rollout's session (``/end_session``, or a NeMo Gym server's ``/close_session``)."""
+        await self.release(self.client, self.config.resources_server.name, cookies)
 
     async def call_model(self, request: dict[str, Any], cookies: dict[str, str]) -> dict[str, Any]:
         """One model turn; the session cookie rides along so model servers can route stickily."""

@@ -195,6 +195,7 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
             Route("/seed_session", json_endpoint(self._seed, seed_model), methods=["POST"]),
             Route("/verify", json_endpoint(self._verify, verify_model), methods=["POST"]),
             Route("/end_session", json_endpoint(self._end_session), methods=["POST"]),
+            Route("/close_session", json_endpoint(self._close_session), methods=["POST"]),
             Route(
                 "/aggregate_metrics",
                 json_endpoint(self._aggregate, AggregateMetricsRequest),
@@ -293,6 +294,16 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
     async def _end_session(self, body: Any, request: Request) -> dict[str, Any]:
         session_id = request.cookies.get(SESSION_COOKIE)
         return {"released": bool(session_id and self.sessions.end(session_id))}
+
+    async def _close_session(self, body: Any, request: Request) -> dict[str, Any]:
+        """NeMo Gym's name for ``/end_session`` (0.7 and its main branch), so its callers release
+        sessions here too: an agent that seeded through ``/run`` posts ``{}`` with the session
+        cookie; an environment server posts ``{resources_session_id, episode_id}`` with it, and
+        gets the id back. Sessions are keyed by the cookie here, so the cookie's session is the one
+        released. A close always succeeds, as NeMo Gym requires: afterwards no session is open."""
+        await self._end_session(body, request)
+        named = body.get("resources_session_id") if isinstance(body, dict) else None
+        return {"resources_session_id": named} if isinstance(named, str) else {"closed": True}
 
     async def _aggregate(self, body: AggregateMetricsRequest, request: Request) -> dict[str, Any]:
         return metrics.nemo_shape(self.aggregate_metrics(body.all_rollouts()))

@@ -5,25 +5,32 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 from typing import Any, cast
 
 import orjson
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from polygym.collect.eval_run import (
     METRICS_FALLBACK,
     MetricsInputs,
     RunSummary,
     _record,
+    run_eval,
     write_aggregate_metrics,
 )
-from polygym.collect.rollouts import Result
+from polygym.collect.rollouts import Limits, Result
 from polygym.collect.run_files import RolloutWriter, RunFiles
-from polygym.jsonl import count_rows, write_jsonl
+from polygym.jsonl import count_rows, iter_jsonl, write_jsonl
 from polygym.net.client import Reply, ServerCallError, ServerClient
+from polygym.net.retry import NO_RETRY
 from polygym.protocol import message_item, new_response
-from polygym.row import make_job
+from polygym.row import NG_FAILURE_CLASS, NG_FAILURE_MESSAGE, NG_FAILURE_TERMINAL, TASK_INDEX, make_job
 
 AGENT = "env_agent"
 
@@ -136,3 +143,36 @@ async def test_metrics_kept_as_results_arrive_match_those_read_back_from_the_fil
     assert from_live["agent_metrics"]["health/task_never_solved"] == 2  # tasks 1 and 2
     assert from_live["agent_metrics"]["health/zero_token_completion"] == 5
     assert {env: dict(h.kinds) for env, h in summary.health.envs.items()} == kinds_before
+
+
+def typed_outcomes_agent(calls: Counter[int]) -> Starlette:
+    """An agent whose server types task 0's outcome as a terminal failure (NeMo Gym's marker), and
+    whose task 1 fails once (a 500) before it succeeds."""
+
+    async def run(request: Request) -> JSONResponse:
+        task = (await request.json())[TASK_INDEX]
+        calls[task] += 1
+        if task == 0:
+            terminal = {NG_FAILURE_CLASS: "environment_server_failed", NG_FAILURE_TERMINAL: True}
+            return JSONResponse({"reward": 0.0, **terminal, NG_FAILURE_MESSAGE: "the task cannot run"})
+        if calls[task] == 1:
+            return JSONResponse({"error": "flaky"}, status_code=500)
+        return JSONResponse({"reward": 1.0})
+
+    return Starlette(routes=[Route("/run", run, methods=["POST"])])
+
+
+async def test_resume_runs_failures_again_except_those_marked_terminal(tmp_path: Path) -> None:
+    calls: Counter[int] = Counter()
+    client = ServerClient()
+    client.add_local(AGENT, typed_outcomes_agent(calls))
+    jobs = [make_job({"responses_create_params": {"input": "hi"}}, AGENT, task, 0) for task in range(2)]
+    files = RunFiles(tmp_path / "out.jsonl")
+    limits = Limits(concurrency=2, retry=NO_RETRY)
+    first = await run_eval(client, jobs, files, limits, aggregate=False)
+    assert first.failed == 2 and calls == Counter({0: 1, 1: 1})
+    resumed = await run_eval(client, jobs, files, limits, resume=True, aggregate=False)
+    assert resumed.skipped == 1 and resumed.succeeded == 1 and calls == Counter({0: 1, 1: 2})
+    [kept] = iter_jsonl(files.failures)
+    assert kept[TASK_INDEX] == 0 and kept[NG_FAILURE_TERMINAL] is True
+    assert [r[TASK_INDEX] for r in iter_jsonl(files.output)] == [1]

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from polygym.metrics import aggregate, k_values, pass_at_k
+from polygym.metrics import aggregate, k_values, pass_at_k, percentile
 
 
 def test_pass_at_k_hand_computed() -> None:
@@ -135,3 +135,21 @@ def test_nemo_gym_keys_sit_alongside_ours() -> None:
 
 def test_one_repeat_has_no_repeat_rows() -> None:
     assert aggregate([rollout(0, 1.0), rollout(1, 0.0)])["repeat_level_metrics"] == []
+
+
+def test_perf_summary_covers_every_rollout_and_only_the_fields_recorded() -> None:
+    """NeMo Gym's ``perf_summary`` (compared with its own on the same rollouts in
+    ``tests/e2e/test_nemo_gym_tools_e2e.py``): absent fields give no statistic, none at all gives None."""
+    record = {
+        "total_latency_ms": 10.0,
+        "num_turns": 2,
+        "completion_tokens": 8,
+        "token_observability_coverage": 1.0,
+    }
+    rollouts = [{"reward": 1.0, "ng_perf": record}, {"reward": 0.0, "mask_sample": True}]
+    summary = aggregate(rollouts)["perf_summary"]
+    assert summary["overall_observability_coverage"] == summary["token_observability_coverage"] == 0.5
+    assert summary["mean_tokens_per_turn"] == 4.0 and summary["total_latency_p99_ms"] == 10.0
+    assert "mean_prompt_tokens" not in summary and summary["std_num_turns"] == 0.0
+    assert aggregate([{"reward": 1.0}])["perf_summary"] is None
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0.9) == 3.7

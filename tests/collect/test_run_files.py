@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from polygym.collect.run_files import RunFileError, RunFiles, done_keys, prepare, read_record
+from polygym.collect.run_files import RunFileError, RunFiles, done_keys, finished_keys, prepare, read_record
 from polygym.jsonl import iter_jsonl
 
 JOBS = b'{"_ng_task_index":0,"_ng_rollout_index":0}\n{"_ng_task_index":1,"_ng_rollout_index":0}\n'
@@ -41,6 +41,18 @@ def test_resume_keeps_finished_rollouts_and_reruns_failures(tmp_path: Path) -> N
     assert list(iter_jsonl(files.failures)) == []
     with pytest.raises(RunFileError, match="the input or the run options changed"):
         prepare(files, resume=True, overwrite=False, fingerprint="a changed plan")
+
+
+def test_resume_keeps_the_failures_their_server_marked_terminal(tmp_path: Path) -> None:
+    """NeMo Gym's typed outcome: ``_ng_failure_terminal: true`` means never attempt it again."""
+    files = fresh(tmp_path)
+    files.output.write_bytes(b'{"_ng_task_index":0,"_ng_rollout_index":0}\n')
+    terminal = b'{"_ng_task_index":1,"_ng_rollout_index":0,"_ng_failure_terminal":true}\n'
+    again = b'{"_ng_task_index":2,"_ng_rollout_index":0,"_ng_failure_terminal":false}\n'
+    files.failures.write_bytes(terminal + again + b'{"_ng_task_index":3,')  # torn
+    prepare(files, resume=True, overwrite=False, fingerprint=PLAN)
+    assert files.failures.read_bytes() == terminal
+    assert finished_keys(files) == {(0, 0), (1, 0)}
 
 
 def test_resume_without_a_run_record_is_refused(tmp_path: Path) -> None:

@@ -32,6 +32,8 @@ from tests.conftest import BOOM_APP, interrupt_gym, row_keys, run_gym, wait_unti
 pytestmark = pytest.mark.e2e
 
 ENVS = ("example_single_tool_call", "example_multi_step")
+NG_PERF_TOKEN_KEYS = ("prompt_tokens", "completion_tokens", "token_observability_coverage")
+"""What ``ng_perf`` says of tokens when the model counts them (no cached or reasoning tokens here)."""
 SERVE = ["--model-type", "scripted_model", *[a for e in ENVS for a in ("--resources-server", e)]]
 
 
@@ -90,6 +92,10 @@ def test_guide_flow_through_openai_model(tmp_path: Path, start_stack: Any, scrip
         assert rollout["agent_ref"]["name"] == f"{expected}_simple_agent"
         assert rollout["reward"] == 1.0
         assert rollout["response"]["model"] == "scripted"
+        perf = rollout["ng_perf"]  # NeMo Gym's per-rollout record, under its key names
+        assert set(perf) == {*NG_PERF_TOKEN_KEYS, "num_turns", "num_tool_calls", "total_latency_ms"}
+        assert perf["num_turns"] == perf["num_tool_calls"] + 1 and perf["total_latency_ms"] > 0
+        assert perf["prompt_tokens"] == rollout["response"]["usage"]["input_tokens"]
     assert sorted(row_keys(files.output)) == [(t, 0) for t in range(10)]
     assert len(list(iter_jsonl(files.materialized))) == 10
     assert list(iter_jsonl(files.failures)) == []
@@ -99,6 +105,7 @@ def test_guide_flow_through_openai_model(tmp_path: Path, start_stack: Any, scrip
         assert entry["agent_metrics"]["mean/reward"] == 1.0 and entry["agent_metrics"]["num_rollouts"] == 5
         assert entry["key_metrics"]["num_failures"] == 0
         assert len(entry["group_level_metrics"]) == 5
+        assert entry["perf_summary"]["overall_observability_coverage"] == 1.0  # of the ng_perf records
     assert "per-environment metrics" in result.stdout
 
 

@@ -207,3 +207,7 @@ def test_polygyms_collector_collects_from_a_nemo_gym_stack(
         calls = [item for item in row["response"]["output"] if item["type"] == "function_call"]
         assert [call["name"] for call in calls] == ["get_weather"]
     assert list(iter_jsonl(tmp_path / "pg_failures.jsonl")) == []
+    [entry] = orjson.loads((tmp_path / "pg_aggregate_metrics.json").read_bytes())
+    perf = entry["perf_summary"]  # NeMo Gym's agent summarised polygym's ng_perf records
+    assert perf["overall_observability_coverage"] == 1.0 and perf["token_observability_coverage"] == 1.0
+    assert perf["mean_num_turns"] == 2.0 and perf["total_latency_p50_ms"] > 0

@@ -161,8 +161,20 @@ print(json.dumps(compute_aggregate_metrics(rows).model_dump(mode="json")))
 """
 
 
+def perf(task: int, repeat: int) -> dict[str, Any]:
+    """An ``ng_perf`` record as polygym writes it; one rollout has none, one has no token counts."""
+    if (task, repeat) == (0, 1):
+        return {}
+    record = {"total_latency_ms": 100.0 * task + 7 * repeat, "num_turns": 1 + task, "num_tool_calls": task}
+    if (task, repeat) == (2, 2):
+        return {"ng_perf": {**record, "token_observability_coverage": 0.0}}
+    tokens = {"prompt_tokens": 10 + task, "completion_tokens": 3 * repeat + 1, "reasoning_tokens": task}
+    return {"ng_perf": {**record, "token_observability_coverage": 1.0, **tokens}}
+
+
 def test_our_statistics_are_nemo_gyms_on_the_same_rollouts(tmp_path: Path, ng_python: Path) -> None:
-    """Sample std, ``mask_sample`` (left out, counted in ``coverage/*``), usage at the top level."""
+    """Sample std, ``mask_sample`` (left out, counted in ``coverage/*``), usage at the top level,
+    and ``perf_summary`` over the ``ng_perf`` records (masked rollouts included)."""
     rollouts = [
         {
             "_ng_task_index": task,
@@ -173,6 +185,7 @@ def test_our_statistics_are_nemo_gyms_on_the_same_rollouts(tmp_path: Path, ng_py
             "response": {
                 "usage": {"input_tokens": 10 + task, "output_tokens": 3 * repeat + 1, "total_tokens": 20}
             },
+            **perf(task, repeat),
         }
         for task in range(4)
         for repeat in range(3)
@@ -180,8 +193,12 @@ def test_our_statistics_are_nemo_gyms_on_the_same_rollouts(tmp_path: Path, ng_py
     write_jsonl(rollouts, tmp_path / "rollouts.jsonl")
     done = run_nemo_gym_code(ng_python, AGGREGATE, "rollouts.jsonl", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    theirs = json.loads(done.stdout.splitlines()[-1])["agent_metrics"]
-    ours = metrics.aggregate(rollouts)["agent_metrics"]
+    their_block = json.loads(done.stdout.splitlines()[-1])
+    our_block = metrics.aggregate(rollouts)
+    assert "total_latency_p99_ms" in their_block["perf_summary"]
+    assert "mean_cached_prompt_tokens" not in their_block["perf_summary"]  # no record counts them
+    assert our_block["perf_summary"] == pytest.approx(their_block["perf_summary"])
+    theirs, ours = their_block["agent_metrics"], our_block["agent_metrics"]
     shared = sorted(
         k for k in theirs if k.split("/")[0] in ("mean", "std", "min", "max", "median", "coverage")
     )
