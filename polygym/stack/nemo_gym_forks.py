@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,14 @@ from polygym.stack.backend import STOP_TIMEOUT_S, LaunchError, log_tail
 from polygym.stack.env_build import venv_python
 
 FORKSERVER = Path(__file__).with_name("nemo_gym_forkserver.py")
+DEPENDENCIES_FILE = "polygym-preload.json"
+"""Where an environment keeps the names of the modules its fork server preloads, learnt once."""
 READY_TIMEOUT_S = 300.0
 """The fork server imports nemo_gym's base modules before it answers; cold caches make it slow."""
 REPLY_LIMIT = 16 * 1024 * 1024
 """Longest line the fork server may send (a resolved config is the longest, hundreds of KiB)."""
+RESOLVE_TIMEOUT_S = 300.0
+"""NeMo Gym's parser completing a config: seconds; a hang stops the stack's start, named."""
 STOP_GRACE_S = 10.0
 """Kept equal to the fork server's own ``STOP_GRACE_S``."""
 
@@ -70,7 +75,10 @@ class ForkServer:
         """Start the fork server in ``env`` and wait until it has imported what it preloads.
         ``lease_fd`` (the environment's lease, ``stack.env_cache``) is inherited by it and by every
         server it starts, so the environment counts as in use while any of them lives."""
-        args = [str(FORKSERVER), *([] if fork else ["--no-fork"])]
+        args = [
+            str(FORKSERVER),
+            *(["--dependencies", str(env / DEPENDENCIES_FILE)] if fork else ["--no-fork"]),
+        ]
         with log.open("ab") as sink:
             process = await asyncio.create_subprocess_exec(
                 str(venv_python(env)),
@@ -94,7 +102,12 @@ class ForkServer:
     async def resolve(self, config: dict[str, Any]) -> str:
         """``config`` completed by this environment's nemo-gym (``NEMO_GYM_CONFIG_DICT``); NeMo
         Gym's refusal as what it printed, for ``nemo_gym_server.refusal_text``."""
-        reply = await self._ask({"op": "resolve", "config": config})
+        try:
+            reply = await asyncio.wait_for(self._ask({"op": "resolve", "config": config}), RESOLVE_TIMEOUT_S)
+        except TimeoutError:
+            raise LaunchError(
+                f"NeMo Gym (in {self.env}) did not resolve the stack's config in {RESOLVE_TIMEOUT_S:g}s"
+            ) from None
         if reply["op"] == "refused":
             raise ConfigRefused(reply["stderr"])
         return str(reply["yaml"])
@@ -105,6 +118,8 @@ class ForkServer:
         """Start ``python <entrypoint>`` in ``cwd`` with ``env``, its output appended to ``log``."""
         request = {"op": "spawn", "name": name, "entrypoint": entrypoint, "cwd": cwd, "env": env}
         reply = await self._ask({**request, "log": str(log), "keep_fd": self.lease_fd})
+        if reply["op"] == "failed":
+            raise LaunchError(f"NeMo Gym server '{name}' could not be started: {reply['error']}")
         return self.servers[int(reply["pid"])]
 
     async def close(self) -> None:
@@ -143,27 +158,37 @@ class ForkServer:
         return LaunchError(f"the NeMo Gym fork server in {self.env} died.\n{log_tail(self.log)}")
 
     async def _read(self) -> None:
-        """Replies to the queue, exits to their server; at its end, what it leaves is killed."""
+        """Replies to the queue, exits to their server; at its end, however it ends, what it leaves
+        is killed and every waiter is told."""
         stdout = self.process.stdout
         assert stdout is not None
-        with contextlib.suppress(ValueError, asyncio.IncompleteReadError):
+        try:
             while line := await stdout.readline():
-                message = json.loads(line)
-                if message["op"] == "exited":
-                    self.servers[int(message["pid"])].ended(int(message["returncode"]))
-                    continue
-                if message["op"] == "spawned":
-                    self.servers[int(message["pid"])] = ForkedServer(int(message["pid"]))
-                await self._replies.put(message)
+                self._route(json.loads(line))
+        except (ValueError, asyncio.IncompleteReadError) as exc:  # not our protocol: loud, then as dead
+            print(f"error: the NeMo Gym fork server in {self.env} sent {exc!r}", file=sys.stderr)
+        finally:
+            self._orphaned()
+
+    def _route(self, message: dict[str, Any]) -> None:
+        if message["op"] == "exited":
+            self.servers[int(message["pid"])].ended(int(message["returncode"]))
+            return
+        if message["op"] == "spawned":
+            self.servers[int(message["pid"])] = ForkedServer(int(message["pid"]))
+        self._replies.put_nowait(message)
+
+    def _orphaned(self) -> None:
+        """The fork server is gone: the servers it did not report are killed and reported killed."""
         for server in self.servers.values():
             if server.returncode is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(server.pid, signal.SIGKILL)
                 server.ended(-signal.SIGKILL)
-        await self._replies.put({"op": "gone"})
+        self._replies.put_nowait({"op": "gone"})
 
 
-ANSWERS = {"resolve": ("resolved", "refused"), "spawn": ("spawned",)}
+ANSWERS = {"resolve": ("resolved", "refused"), "spawn": ("spawned", "failed")}
 """The replies each request may get."""
 
 

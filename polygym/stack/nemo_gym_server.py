@@ -43,6 +43,7 @@ import signal
 import sys
 import time
 import tomllib
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -330,24 +331,29 @@ class NemoGymServers:
             raise LaunchError(f"no address for {', '.join(missing)} to give NeMo Gym's servers")
         whole = global_config(config, addresses, head_url)
         forks = list(self.forks.values())
-        texts = await asyncio.gather(*(_resolve(fork, whole) for fork in forks))
-        resolved = {fork.env: text for fork, text in zip(forks, texts, strict=True)}
+        texts = await asyncio.gather(*(_resolve(fork, whole) for fork in forks), return_exceptions=True)
+        refused = next((text for text in texts if isinstance(text, BaseException)), None)
+        if refused is not None:
+            raise refused
+        resolved = {fork.env: str(text) for fork, text in zip(forks, texts, strict=True)}
         for spec in self.specs:
             env = envs[spec.name].path
             await self._spawn(spec, self.forks[env], resolved[env], log_dir)
         await self._wait_listening(registry, addresses)
 
     async def _start_fork_servers(self, envs: dict[str, Lease], log_dir: Path, fork: bool) -> None:
-        """One fork server per environment, started together (each imports for seconds). It holds
-        the environment's lease, and so does every server it starts."""
+        """One fork server per environment, started together. It holds the environment's lease, and
+        so does every server it starts. It forks only where it starts more than one server: its
+        preload costs about what one server's imports cost."""
         firsts = {lease: next(s for s in self.specs if envs[s.name] is lease) for lease in envs.values()}
+        counts = Counter(lease.path for lease in envs.values())
         started = await asyncio.gather(
             *(
                 ForkServer.start(
                     lease.path,
                     log_dir / f"nemo_gym_forkserver.{lease.path.name}.log",
                     _activated(lease.path, _checkout(spec)),
-                    fork,
+                    fork and counts[lease.path] > 1,
                     lease.fileno(),
                 )
                 for lease, spec in firsts.items()
@@ -412,11 +418,13 @@ class NemoGymServers:
     async def stop(self) -> None:
         """SIGTERM each server's process group, SIGKILL what is left after the deadline; then the
         fork servers (which would end any server still running); then let go of the environments."""
-        await stop_processes(list(self.procs.values()), _signal_group)
-        await asyncio.gather(*(fork.close() for fork in self.forks.values()))
-        for lease in self.leases:
-            lease.close()
-        self.leases.clear()
+        try:
+            await stop_processes(list(self.procs.values()), _signal_group)
+            await asyncio.gather(*(fork.close() for fork in self.forks.values()))
+        finally:
+            for lease in self.leases:
+                lease.close()
+            self.leases.clear()
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}

@@ -24,11 +24,17 @@ from polygym.stack.nemo_gym_forks import ConfigRefused, ForkServer
 from polygym.stack.nemo_gym_server import refusal_text
 
 REPORT = """\
-import json, os, sys
+import sys
+preloaded = "csv" in sys.modules
+import json, os
+import nemo_gym
+x: int = 1
 report = {
     "name": __name__, "file": __file__, "argv": sys.argv, "cwd": os.getcwd(), "path": sys.path,
     "config_path": os.environ.get("NEMO_GYM_CONFIG_PATH"), "leads_session": os.getsid(0) == os.getpid(),
-    "preloaded": "nemo_gym.server_utils" in sys.modules, "stdin": sys.stdin.read(),
+    "preloaded": preloaded, "stdin": sys.stdin.read(), "hf_home": os.environ.get("HF_HOME"),
+    "working_dir": str(nemo_gym.WORKING_DIR), "annotations": repr(__annotations__),
+    "main_is_mp_main": sys.modules.get("__mp_main__", sys.modules["__main__"]) is sys.modules["__main__"],
     "lease": os.readlink(f"/proc/self/fd/{os.environ['LEASE_FD']}"),
 }
 print("serving", flush=True)
@@ -38,11 +44,16 @@ with open("report.json", "w") as out:
 
 
 def stand_in(root: Path) -> Path:
-    """A nemo_gym package whose parser refuses a config holding ``refuse`` as NeMo Gym 0.7.0
-    refuses one (a warning printed, then an exception that appends the whole config)."""
+    """A nemo_gym package whose import has effects of its own that belong to each server (as
+    0.7.0's has: a working directory, a cache variable), whose base module imports a dependency
+    (``csv``), and whose parser refuses a config holding ``refuse`` as NeMo Gym 0.7.0 refuses one (a
+    warning printed, then an exception that appends the whole config)."""
     package = root / "nemo_gym"
     package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
+    (package / "__init__.py").write_text(  # import effects of NeMo Gym 0.7.0's, which are each server's
+        "import os\nfrom pathlib import Path\nWORKING_DIR = Path.cwd()\n"
+        "os.environ.setdefault('HF_HOME', str(WORKING_DIR / 'cache'))\n"
+    )
     (package / "server_utils.py").write_text("import csv\nprint('a banner an import prints')\n")
     (package / "global_config.py").write_text(
         "import sys\n"
@@ -131,8 +142,14 @@ async def test_a_forked_server_sees_what_a_fresh_interpreter_sees(
     assert forked["file"] == str(world["folder"] / "app.py") and forked["cwd"] == str(world["folder"])
     assert forked["path"][:3] == [str(world["folder"]), str(world["folder"]), str(world["fake"])]
     assert forked["config_path"] == "tiny" and forked["leads_session"] is True
+    assert forked["working_dir"] == str(world["folder"]) and forked["hf_home"] == str(
+        world["folder"] / "cache"
+    )
+    assert forked["annotations"] == "{'x': <class 'int'>}" and forked["main_is_mp_main"] is True
     assert forked["lease"] == str(world["tmp"] / "env.lock")  # the environment stays in use
     assert "a banner an import prints" in (world["tmp"] / "forkserver.log").read_text()
+    learnt = json.loads((world["env"] / nemo_gym_forks.DEPENDENCIES_FILE).read_text())
+    assert "csv" in learnt and not any(name.split(".")[0] == "nemo_gym" for name in learnt)
 
 
 async def test_a_folder_module_an_import_already_took_gets_a_fresh_interpreter(
@@ -209,3 +226,21 @@ async def test_nemo_gyms_refusal_reason_is_shown_not_what_it_logged_before(forks
 def test_the_two_ends_agree_on_what_they_share() -> None:
     assert nemo_gym_forkserver.REFUSAL_MARK == nemo_gym_server.REFUSAL_MARK
     assert nemo_gym_forkserver.STOP_GRACE_S == nemo_gym_forks.STOP_GRACE_S
+
+
+async def test_a_server_that_cannot_start_is_named_and_the_others_go_on(world: dict[str, Path]) -> None:
+    forks = await fork_server(world, fork=False)
+    try:
+        with pytest.raises(
+            nemo_gym_server.LaunchError, match="'gone' could not be started: FileNotFoundError"
+        ):
+            await forks.spawn(
+                "gone",
+                "app.py",
+                str(world["tmp"] / "nowhere"),
+                server_env(world, forks),
+                world["tmp"] / "g.log",
+            )
+        assert (await report_of(forks, world))["config_path"] == "tiny"
+    finally:
+        await forks.close()
