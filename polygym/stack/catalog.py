@@ -42,7 +42,7 @@ NEMO_GYM_ROOT_KEY = "nemo_gym_root"
 """Config key naming a NeMo Gym checkout (or unpacked wheel) whose server folders a stack may run."""
 NEMO_GYM_FORK_KEY = "nemo_gym_fork"
 """Config key: ``false`` starts every NeMo Gym server as a fresh interpreter instead of forking it
-from one that imported nemo_gym's base modules once (``stack.nemo_gym_forkserver``)."""
+from one that imported nemo_gym's dependencies once (``stack.nemo_gym_forkserver``)."""
 NEMO_GYM_KEY = "nemo_gym"
 """A server block's ``nemo_gym: true``: its implementation comes from NeMo Gym's folders only."""
 SHADOWS = "shadows polygym's shipped"

@@ -2,7 +2,7 @@
 
 One fork server runs per environment a stack's NeMo Gym servers use: it resolves the stack's
 config with that environment's nemo-gym and starts each of its servers, forked from an interpreter
-that imported nemo_gym's base modules once (or as a fresh interpreter where forking would not be
+that imported nemo_gym's dependencies once (or as a fresh interpreter where forking would not be
 the same, or when the stack says ``nemo_gym_fork: false``). The servers stay what they were to the
 rest of the stack: a pid that leads its own process group, a return code (negative for a signal)
 and an awaitable end, as ``asyncio.subprocess.Process`` gives; the fork server reports each exit,
@@ -28,7 +28,7 @@ FORKSERVER = Path(__file__).with_name("nemo_gym_forkserver.py")
 DEPENDENCIES_FILE = "polygym-preload.json"
 """Where an environment keeps the names of the modules its fork server preloads, learnt once."""
 READY_TIMEOUT_S = 300.0
-"""The fork server imports nemo_gym's base modules before it answers; cold caches make it slow."""
+"""The fork server imports nemo_gym's dependencies before it answers; cold caches make it slow."""
 REPLY_LIMIT = 16 * 1024 * 1024
 """Longest line the fork server may send (a resolved config is the longest, hundreds of KiB)."""
 RESOLVE_TIMEOUT_S = 300.0

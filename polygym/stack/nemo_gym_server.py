@@ -15,7 +15,7 @@ The process contract, read from NeMo Gym's ``ng_run`` (``nemo_gym/cli/env.py``,
   editable install puts there). polygym's own ``PYTHONPATH`` is not passed on: it is for another
   interpreter, and its ``resources_servers`` package would shadow NeMo Gym's. The process is
   forked from the environment's fork server (``stack.nemo_gym_forkserver``), which imported
-  nemo_gym's base modules once, and becomes exactly that command there.
+  nemo_gym's dependencies once, and becomes exactly that command there.
 * **Its configuration**: the whole resolved global config as YAML in ``NEMO_GYM_CONFIG_DICT``
   and the server's own top-level name in ``NEMO_GYM_CONFIG_PATH``. The defaults NeMo Gym fills
   in come from the installed nemo-gym itself (the fork server asks it), so they are right for
