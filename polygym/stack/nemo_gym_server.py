@@ -35,6 +35,7 @@ backend reports its own.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import os
@@ -105,25 +106,39 @@ def is_nemo_gym_server(spec: ServerSpec) -> bool:
     )
 
 
-_MAIN_BLOCK = re.compile(r"^if\s+__name__\s*==\s*['\"]__main__['\"]\s*:", re.MULTILINE)
+_DEFINITIONS: tuple[type[ast.stmt], ...] = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef)
+_DEFINITIONS += (ast.ClassDef, ast.Assign, ast.AnnAssign, ast.Pass)
+
+
+def _only_defines(statement: ast.stmt) -> bool:
+    """Whether a top-level statement only defines something (a docstring and ``if TYPE_CHECKING:``
+    included): it cannot start a server."""
+    if isinstance(statement, _DEFINITIONS):
+        return True
+    if isinstance(statement, ast.Expr):
+        return isinstance(statement.value, ast.Constant)
+    test = statement.test if isinstance(statement, ast.If) else None
+    return isinstance(test, ast.Name | ast.Attribute) and ast.unparse(test).endswith("TYPE_CHECKING")
 
 
 def nothing_to_run(spec: ServerSpec) -> str | None:
-    """Why NeMo Gym's folder of ``spec`` has no server to start, or None when it has one. Every
-    NeMo Gym server's entrypoint starts it under ``if __name__ == "__main__":``; a library folder
-    (``sec_local_index``, ``gymnasium``) declares an entrypoint only because every folder does,
-    and ``python`` on it would exit at once."""
+    """Why NeMo Gym's folder of ``spec`` has no server to start, or None when it may have one. A
+    library folder (``sec_local_index``, ``gymnasium``) declares an entrypoint only because every
+    folder does, and ``python`` on a file that only defines things exits at once. Anything else at
+    its top level (a ``__main__`` guard in any spelling, a call) may start a server: it is run."""
     entrypoint = spec.directory / entrypoint_of(spec)
     try:
-        text = entrypoint.read_text(errors="replace")
+        tree = ast.parse(entrypoint.read_bytes(), str(entrypoint))
     except OSError:
         return f"its entrypoint {entrypoint} cannot be read"
-    if _MAIN_BLOCK.search(text):
+    except (SyntaxError, ValueError):
+        return None  # NeMo Gym's own run says what is wrong with it
+    if not all(_only_defines(statement) for statement in tree.body):
         return None
     said = spec.config.get("description")
     return (
-        f'its entrypoint {entrypoint_of(spec)} starts nothing (no `if __name__ == "__main__":` '
-        "block): a library other servers import, not a server"
+        f"its entrypoint {entrypoint_of(spec)} starts nothing (it only defines classes, functions "
+        "and values): a library other servers import, not a server"
         + (f" (its config says: {said})" if isinstance(said, str) and said else "")
     )
 

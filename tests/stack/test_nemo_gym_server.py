@@ -77,12 +77,23 @@ def test_a_nemo_gym_folder_with_no_server_to_run_is_refused_naming_it(tmp_path: 
     assert str(refused.value.problems) == str(
         [
             f"tiny: NeMo Gym's folder {folder} has no server to run: its entrypoint app.py starts nothing "
-            '(no `if __name__ == "__main__":` block): a library other servers import, not a server '
-            "(its config says: Not a standalone server.)"
+            "(it only defines classes, functions and values): a library other servers import, not a "
+            "server (its config says: Not a standalone server.)"
         ]
     )
-    (folder / "app.py").write_text('import nemo_gym\n\nif __name__ == "__main__":\n    run()\n')
-    assert nemo_gym_server.NemoGymServers([spec(folder)]).specs == [spec(folder)]
+    starts = [
+        'import nemo_gym\n\nif __name__ == "__main__":\n    run()\n',
+        "import nemo_gym\nif ('__main__' == __name__):\n    run()\n",
+        '"""A server started unguarded."""\nfrom nemo_gym import x\nx.run_webserver()\n',
+    ]
+    for text in starts:
+        (folder / "app.py").write_text(text)
+        assert nemo_gym_server.NemoGymServers([spec(folder)]).specs == [spec(folder)], text
+    (folder / "app.py").write_text(
+        '"""Helpers."""\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nA: int = 1\n'
+    )
+    with pytest.raises(ConfigError):
+        nemo_gym_server.NemoGymServers([spec(folder)])
 
 
 def test_an_entrypoint_elsewhere_is_nemo_gyms_when_its_folder_is(tmp_path: Path) -> None:
