@@ -18,16 +18,7 @@ from typing import Any, Self
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-AGENT_KIND = "responses_api_agents"
-RESOURCES_KIND = "resources_servers"
-MODEL_KIND = "responses_api_models"
-UPSTREAM_PROBE_TIMEOUT_S = 3.0
-"""Seconds a start-up or ``GET /`` probe of a model server waits for its upstream: enough for a
-distant API's models route, short enough that ``gym env status`` answers at once."""
-UPSTREAM_PROBE = "upstream_probe"
-"""Key of a model server's ``GET /`` answer listing what each upstream probe found (absent:
-nothing to probe)."""
-SERVER_KINDS = (RESOURCES_KIND, AGENT_KIND, MODEL_KIND)
+from polygym.items import item_text
 
 
 class OpenModel(BaseModel):
@@ -341,20 +332,6 @@ def input_items(params: ResponsesCreateParams | dict[str, Any]) -> list[dict[str
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
     return list(raw)
-
-
-def item_text(item: dict[str, Any]) -> str:
-    """Plain text of an input or output message item, whatever content shape it uses.
-
-    Verifiers receive whatever a policy produced; a ``null`` text or a number where a list of
-    parts belongs reads as no text rather than raising (which would turn into a 500).
-    """
-    content = item.get("content", "")
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return ""
-    return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
 def sum_usage(usages: list[dict[str, Any] | None]) -> dict[str, int]:

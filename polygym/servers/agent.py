@@ -23,9 +23,10 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.routing import Route
 
+from polygym.kinds import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.net import budget
 from polygym.net.client import ServerCallError
-from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND, complete_response
+from polygym.protocol import complete_response
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, json_endpoint
 
 RELEASE_TIMEOUT_S = 10.0

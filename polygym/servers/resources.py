@@ -29,7 +29,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym import metrics
-from polygym.protocol import RESOURCES_KIND, AggregateMetricsRequest, SeedSessionRequest, VerifyRequest
+from polygym.kinds import RESOURCES_KIND
+from polygym.protocol import AggregateMetricsRequest, SeedSessionRequest, VerifyRequest
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, body_model, json_endpoint, json_response
 from polygym.servers.cpu_pool import CpuPool
 from polygym.servers.extras import require_extra

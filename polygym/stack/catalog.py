@@ -34,9 +34,9 @@ from importlib import metadata
 from pathlib import Path
 
 from polygym.errors import ConfigError
+from polygym.kinds import SERVER_KINDS
 from polygym.suggest import closest
 
-SERVER_KINDS: tuple[str, ...] = ("resources_servers", "responses_api_agents", "responses_api_models")
 NEMO_GYM_ROOT_ENV_VAR = "POLYGYM_NEMO_GYM_ROOT"
 NEMO_GYM_ROOT_KEY = "nemo_gym_root"
 """Config key naming a NeMo Gym checkout (or unpacked wheel) whose server folders a stack may run."""
