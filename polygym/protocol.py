@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from polygym.items import item_text
 
@@ -110,8 +110,16 @@ class VerifyResponse(VerifyRequest):
     def of(cls, request: VerifyRequest, **verdict: Any) -> Self:
         """The request echoed back with this verdict. A request may already carry an earlier
         verdict's fields (a stored rollout sent again by ``gym eval reverify``, NeMo Gym's
-        reverify): the new verdict replaces them instead of colliding with them."""
-        return cls(**{**request.model_dump(), **verdict})
+        reverify): the new verdict replaces them instead of colliding with them.
+
+        The request's fields go in as validated (its parsed Response, not a dump of it to parse
+        again: 46 -> 15 us for a multi-step rollout, every rollout's verify); a subclass that
+        declares one of them as another model gets it re-read from the request's dump."""
+        given = {name: getattr(request, name) for name in request.model_fields_set}
+        try:
+            return cls(**{**given, **(request.model_extra or {}), **verdict})
+        except ValidationError:
+            return cls(**{**request.model_dump(), **verdict})
 
 
 class SeedSessionRequest(OpenModel):
