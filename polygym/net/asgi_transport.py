@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -43,7 +43,7 @@ class Handoff:
     """
 
     value: Any
-    cookies: dict[str, str] = field(default_factory=dict)
+    cookies: dict[str, str] | None = None
 
 
 async def asgi_request(
