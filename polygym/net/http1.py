@@ -41,6 +41,9 @@ Headers = list[tuple[bytes, bytes]]
 _SKIPPED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 """Request headers this client writes itself; a caller's own would contradict them."""
 _INFLATE = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+MAX_HEAD_BYTES = 64 * 1024
+"""Bound on a reply's status line and headers: the parser holds a header until it ends, so an
+upstream that never ends one would otherwise fill memory until the call's timeout."""
 
 
 class Target(NamedTuple):
@@ -102,6 +105,7 @@ class _Connection(asyncio.Protocol):
         self._headers: Headers = []
         self._chunks: list[bytes] = []
         self._size = 0
+        self._head_size = 0
         self._inflater: zlib._Decompress | None = None
         self._headers_done = False
         self._reusable = False
@@ -123,6 +127,10 @@ class _Connection(asyncio.Protocol):
             self._fail(ConnectionResetError(f"malformed reply: {exc}"))
         except httptools.HttpParserUpgrade:
             self._fail(ConnectionResetError("the server switched protocols"))
+        if not self._headers_done:  # all of ``data`` was the head
+            self._head_size += len(data)
+            if self._head_size > MAX_HEAD_BYTES:
+                self._fail(ConnectionResetError(f"the reply's headers pass {MAX_HEAD_BYTES} bytes"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -180,7 +188,7 @@ class _Connection(asyncio.Protocol):
         """Send ``request`` and wait for its whole reply (the caller bounds the wait)."""
         assert self.transport is not None
         self._waiter = asyncio.get_running_loop().create_future()
-        self._headers, self._chunks, self._size = [], [], 0
+        self._headers, self._chunks, self._size, self._head_size = [], [], 0, 0
         self._inflater, self._headers_done, self._reusable = None, False, False
         self.transport.write(request)
         try:
@@ -231,6 +239,7 @@ class Http1Pool:
     """Keep-alive connections per host and port; at most ``limit`` in use at once (0: no limit)."""
 
     def __init__(self, limit: int, keepalive_s: float, max_body_bytes: int) -> None:
+        self.limit = limit
         self.keepalive_s = keepalive_s
         self.max_body_bytes = max_body_bytes
         self._idle: dict[tuple[str, int], list[_Connection]] = {}

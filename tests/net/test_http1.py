@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from polygym.net.client import ServerClient
-from polygym.net.http1 import Http1Pool, Target, plain_target
+from polygym.net.http1 import MAX_HEAD_BYTES, Http1Pool, Target, plain_target
 
 MiB = 1 << 20
 
@@ -163,3 +163,16 @@ async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -
         finally:
             await client.close()
     assert server.requests == []
+
+
+async def test_a_head_that_never_ends_is_cut_at_its_bound() -> None:
+    endless = b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * (2 * MAX_HEAD_BYTES)
+    async with KeepAliveServer([endless]).running() as server:
+        pool = Http1Pool(limit=0, keepalive_s=15.0, max_body_bytes=MiB)
+        target = plain_target(server.url + "/x")
+        assert target is not None
+        try:
+            with pytest.raises(ConnectionResetError, match="headers pass"):
+                await pool.request("GET", target, b"", {}, 5.0)
+        finally:
+            pool.close()
