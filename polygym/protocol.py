@@ -236,9 +236,11 @@ def complete_response(response: dict[str, Any], params: dict[str, Any] | None = 
     """
     params = params or {}
     done = {**response}
-    done.setdefault("id", new_id("resp"))
+    if "id" not in done:  # ids read the random source (a system call each): made only where missing
+        done["id"] = new_id("resp")
     done.setdefault("object", "response")
-    done.setdefault("created_at", int(time.time()))
+    if "created_at" not in done:
+        done["created_at"] = int(time.time())
     if not isinstance(done.get("model"), str):
         done["model"] = str(params.get("model") or "")
     for field, default in ECHOED_PARAMS.items():
@@ -284,7 +286,7 @@ def complete_item(item: Any) -> Any:
         content = item.get("content")
         parts = content if isinstance(content, list) else [{"type": "output_text", "text": item_text(item)}]
         return {
-            "id": new_id("msg"),
+            "id": item["id"] if "id" in item else new_id("msg"),
             "role": "assistant",
             "status": "completed",
             **item,
@@ -296,7 +298,8 @@ def complete_item(item: Any) -> Any:
             ],
         }
     if kind in ("function_call", "function_call_output"):
-        return {"id": new_id("fc" if kind == "function_call" else "fco"), "status": "completed", **item}
+        fresh = item["id"] if "id" in item else new_id("fc" if kind == "function_call" else "fco")
+        return {"id": fresh, "status": "completed", **item}
     return item
 
 
