@@ -22,8 +22,16 @@ from typing import Any
 
 import psutil
 
+import polygym
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+TESTED = Path(polygym.__file__).resolve().parent.parent
+"""The checkout of the polygym this process imported, which ``PYTHONPATH`` may take from another
+folder than the one holding ``benchmarks/``. The processes a benchmark starts run from it:
+``python -m`` puts the working folder first on ``sys.path``, so a stack started from ``ROOT`` ran
+``ROOT``'s polygym whatever ``PYTHONPATH`` said, and a comparison of two checkouts measured one
+stack twice."""
 
 
 def tree(pids: Iterable[int]) -> list[psutil.Process]:
@@ -116,7 +124,7 @@ class GymStack:
         self.began = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "polygym", "env", "start", *args],
-            cwd=ROOT,
+            cwd=TESTED,
             env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,

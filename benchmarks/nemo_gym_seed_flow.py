@@ -242,16 +242,18 @@ def measure(python: Path, concurrency: int, latency_ms: float, repeats: int, sta
         stack = NemoGymStack(python, upstream.url_of("policy_model") + "/v1", state / "stack")
         ray = ray_pids(stack)
         stack_cpu, ray_cpu = cpu_seconds(stack.pids), cpu_seconds(ray)
+        endpoint_cpu = cpu_seconds(upstream.pids)
         with MemorySampler(stack.pids) as memory, MemorySampler(ray) as ray_memory:
             cell = run_collector(python, stack.head_port, rows, state / "out.jsonl", concurrency, repeats)
         stack_cpu = cpu_seconds(stack.pids) - stack_cpu
         ray_cpu = cpu_seconds(ray) - ray_cpu
+        endpoint_cpu = cpu_seconds(upstream.pids) - endpoint_cpu
     finally:
         if stack is not None:
             stack.stop()
         upstream.stop()
     return {
-        **seed_flow.cell_result(concurrency, latency_ms, cell, stack_cpu, memory.peak),
+        **seed_flow.cell_result(concurrency, latency_ms, cell, stack_cpu, memory.peak, endpoint_cpu),
         **seed_flow.rollout_work(state / "out.jsonl"),
         "stack_ready_s": stack.ready_s,
         "stack_ray_cpu_ms_per_rollout": 1000 * ray_cpu / cell["rows"],

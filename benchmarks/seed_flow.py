@@ -12,8 +12,10 @@ Per cell (concurrency x model latency), from outside the processes:
   reading and routing the rows, the stack check, and one rollout's latency);
 - window: first -> last rollout appended; the rate is rollouts / window;
 - after: last rollout appended -> the command exited (metrics, summaries, closing);
-- CPU per rollout of the collector (the `gym eval run` process and its children, from wait4) and of
-  the stack (the `gym env start` tree, the upstream endpoint apart), over the whole command;
+- CPU per rollout of the collector (the `gym eval run` process and its children, from wait4), of
+  the stack (the `gym env start` tree) and of the scripted endpoint apart, over the whole command,
+  and the cores each kept busy on average over the command (CPU / command time): on two cores,
+  the process near one core is the bound;
 - peak RSS of the collector (wait4's ru_maxrss) and of the stack (sampled).
 
     python -m benchmarks.seed_flow                                   # c = 64/256/1,024 x 0/200 ms
@@ -135,10 +137,16 @@ def rollout_work(output: Path) -> dict[str, float]:
 
 
 def cell_result(
-    concurrency: int, latency_ms: float, cell: dict[str, Any], stack_cpu_s: float, stack_peak_rss: int
+    concurrency: int,
+    latency_ms: float,
+    cell: dict[str, Any],
+    stack_cpu_s: float,
+    stack_peak_rss: int,
+    endpoint_cpu_s: float,
 ) -> dict[str, Any]:
-    """One cell's row of the table, from the collector's timings and the stack's CPU and memory."""
-    done = cell["rows"]
+    """One cell's row of the table, from the collector's timings and the stack's and endpoint's
+    CPU and memory."""
+    done, command_s = cell["rows"], cell["command_s"]
     return {
         "concurrency": concurrency,
         "latency_ms": latency_ms,
@@ -150,6 +158,10 @@ def cell_result(
         "command_rollouts_per_s": done / cell["command_s"],
         "collector_cpu_ms_per_rollout": 1000 * cell["cpu_s"] / done,
         "stack_cpu_ms_per_rollout": 1000 * stack_cpu_s / done,
+        "endpoint_cpu_ms_per_rollout": 1000 * endpoint_cpu_s / done,
+        "cores_collector_stack_endpoint": "/".join(
+            f"{cpu / command_s:.2f}" for cpu in (cell["cpu_s"], stack_cpu_s, endpoint_cpu_s)
+        ),
         "collector_peak_rss_mib": cell["peak_rss_mib"],
         "stack_peak_rss_mib": stack_peak_rss / 2**20,
         "load_1m_after": os.getloadavg()[0],
@@ -164,18 +176,19 @@ def measure(concurrency: int, latency_ms: float, repeats: int, state: Path) -> d
     try:
         selectors, overrides = stack_args("openai", upstream.url_of("policy_model") + "/v1", latency_ms)
         stack = GymStack([*selectors, "--head-port", "0", *overrides], state / "stack")
-        stack_cpu = cpu_seconds(stack.pids)
+        stack_cpu, endpoint_cpu = cpu_seconds(stack.pids), cpu_seconds(upstream.pids)
         with MemorySampler(stack.pids) as memory:
             cell = run_eval(
                 stack.record["head_url"], rows, state / "out.jsonl", concurrency, repeats, state / "eval"
             )
         stack_cpu = cpu_seconds(stack.pids) - stack_cpu
+        endpoint_cpu = cpu_seconds(upstream.pids) - endpoint_cpu
     finally:
         for proc in (stack, upstream):
             if proc is not None:
                 proc.stop()
     return {
-        **cell_result(concurrency, latency_ms, cell, stack_cpu, memory.peak),
+        **cell_result(concurrency, latency_ms, cell, stack_cpu, memory.peak, endpoint_cpu),
         **rollout_work(state / "out.jsonl"),
         "stack_ready_s": stack.ready_s,
     }

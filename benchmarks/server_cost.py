@@ -23,7 +23,7 @@ import aiohttp
 import psutil
 
 from benchmarks.floor import SERVER as BARE_AIOHTTP
-from benchmarks.harness import ROOT, print_table, write_json
+from benchmarks.harness import TESTED, print_table, write_json
 from polygym.event_loop import run_async
 
 POLYGYM = """
@@ -82,7 +82,7 @@ async def wait_up(session: aiohttp.ClientSession, url: str) -> None:
 async def server_cpu_us(code: str, requests: int, concurrency: int) -> float:
     """CPU microseconds the server process spends per request, after a warm-up."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", code, str(port)], cwd=ROOT)
+    server = subprocess.Popen([sys.executable, "-c", code, str(port)], cwd=TESTED)
     url = f"http://127.0.0.1:{port}/v1/responses"
     try:
         connector = aiohttp.TCPConnector(limit=concurrency)

@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from polygym.authoring.check import check_env, check_env_async
     from polygym.authoring.datagen import generator_main, generator_parser, per_split, write_splits
+    from polygym.items import item_text
     from polygym.net.client import ServerCallError
     from polygym.net.retry import NO_RETRY, RetryPolicy
     from polygym.protocol import (
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
         function_call_item,
         function_call_output_item,
         input_items,
-        item_text,
         message_item,
         new_response,
         sum_usage,
@@ -73,6 +73,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "polygym.authoring.datagen": ("generator_main", "generator_parser", "per_split", "write_splits"),
     "polygym.net.client": ("ServerCallError",),
     "polygym.net.retry": ("NO_RETRY", "RetryPolicy"),
+    "polygym.items": ("item_text",),
     "polygym.protocol": (
         "STEP_LIMIT",
         "SeedSessionRequest",
@@ -82,7 +83,6 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "function_call_item",
         "function_call_output_item",
         "input_items",
-        "item_text",
         "message_item",
         "new_response",
         "sum_usage",

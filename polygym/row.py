@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from polygym.protocol import AGENT_KIND
+from polygym.kinds import AGENT_KIND
 
 TASK_INDEX = "_ng_task_index"
 """Identical input rows share it (so pass@k groups their rollouts)."""

@@ -45,9 +45,9 @@ from polygym.authoring import checks
 from polygym.authoring.check_context import CheckContext, wrong_outputs
 from polygym.authoring.probe import Probe
 from polygym.authoring.report import FAIL, PASS, SKIP, WARN, CheckResult, EnvReport, Outcome
+from polygym.kinds import MODEL_KIND
 from polygym.net.client import ServerClient
 from polygym.net.thread_server import StartupError, ThreadServer
-from polygym.protocol import MODEL_KIND
 from polygym.servers.episodic import EpisodicServer
 from polygym.servers.resources import ResourcesServer
 from polygym.stack import catalog

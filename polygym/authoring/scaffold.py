@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from polygym.protocol import RESOURCES_KIND
+from polygym.kinds import RESOURCES_KIND
 
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,63}")
 GENERATE_TIMEOUT_S = 120.0

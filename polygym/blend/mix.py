@@ -25,7 +25,7 @@ from polygym.blend.sampler import StepSampler
 from polygym.blend.spec import BlendSpec, BlendSpecError, EnvironmentSpec
 from polygym.blend.validate import check_verifier_fields, verifier_for
 from polygym.collect.dataset import DatasetError, Row, check_row, read_rows
-from polygym.protocol import AGENT_KIND
+from polygym.kinds import AGENT_KIND
 from polygym.stack.config import ConfigError
 from polygym.stack.environment import (
     Environment,

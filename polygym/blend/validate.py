@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from polygym.collect.dataset import Row, agent_of, check_row, file_problem, read_rows
 from polygym.collect.sampling import SAMPLING_FIELDS
 from polygym.collect.task_source import TASK_SOURCE, TaskRoutes, task_routes
-from polygym.protocol import RESOURCES_KIND
+from polygym.kinds import RESOURCES_KIND
 from polygym.servers.base import body_model
 from polygym.stack.catalog import list_implementations
 from polygym.stack.config import ConfigError

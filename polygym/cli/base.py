@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 import yaml
@@ -20,12 +20,15 @@ from rich.console import Console
 
 from polygym.cli.nemo_gym_commands import SELECTOR_FLAGS_NOT_PROVIDED, not_provided
 from polygym.errors import EXIT_USAGE as EXIT_USAGE  # the commands share the errors module's code
-from polygym.protocol import MODEL_KIND
+from polygym.errors import ConfigError
+from polygym.kinds import MODEL_KIND
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, SHADOWS, folder_origin, selector_paths
-from polygym.stack.config import CONFIG_PATHS, ConfigError, StackConfig, load_config
 from polygym.stack.env_build import PYTHON_KEY
 from polygym.stack.external import NO_FOLDER
 from polygym.suggest import unknown_name_message
+
+if TYPE_CHECKING:
+    from polygym.stack.config import StackConfig
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -210,6 +213,8 @@ def load_stack_config(
     ``local_model`` is the policy: the stack then runs with nothing but installed packages. A
     NeMo Gym ``+config_paths=[...]`` override selects files too (and names its own model).
     """
+    from polygym.stack.config import CONFIG_PATHS, load_config  # OmegaConf: only a run that loads configs
+
     try:
         paths = selector_paths(list(resources_servers), list(model_types), list(configs))
         includes = any(text.lstrip("+").startswith(f"{CONFIG_PATHS}=") for text in overrides)

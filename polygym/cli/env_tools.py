@@ -17,7 +17,7 @@ from polygym.authoring import check as envcheck
 from polygym.authoring import scaffold
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, SuggestingGroup, console, fail
 from polygym.event_loop import run_async
-from polygym.protocol import RESOURCES_KIND
+from polygym.kinds import RESOURCES_KIND
 from polygym.stack import catalog
 from polygym.stack.config import ConfigError
 

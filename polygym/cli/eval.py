@@ -50,10 +50,10 @@ from polygym.collect.run_files import RunFiles
 from polygym.collect.sampling import sampling_problems
 from polygym.collect.stack_watch import StackHealth
 from polygym.collect.task_source import TaskRoutes, head_task_routes, task_routes
+from polygym.errors import ConfigError
 from polygym.event_loop import run_async
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.settings import cli
-from polygym.stack.config import ConfigError, parse_override
 from polygym.stack.session import StackSession, StackTarget
 from polygym.suggest import unknown_name_message
 
@@ -214,9 +214,7 @@ def apply_row_overrides(ctx: click.Context, opts: dict[str, Any]) -> dict[str, s
     honoured, or that repeats an option also given as a flag (which one to use would be a guess).
     Returns the options it set, each with the override's text."""
     try:
-        parsed = [
-            (text, key, value) for text in opts["overrides"] for key, value, _ in [parse_override(text)]
-        ]
+        parsed = _parsed_overrides(opts["overrides"])
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     config_overrides, row = split_overrides(parsed)
@@ -229,6 +227,16 @@ def apply_row_overrides(ctx: click.Context, opts: dict[str, Any]) -> dict[str, s
     opts["overrides"] = tuple(config_overrides)
     opts["row_sampling"] = row.sampling
     return {_ROW_OPTION_PARAM[flag]: text for flag, (text, _) in row.options.items()}
+
+
+def _parsed_overrides(texts: tuple[str, ...]) -> list[tuple[str, str, Any]]:
+    """``(text, key, value)`` of each override; the config loader, and OmegaConf with it (~0.1 s
+    of the start), is imported only for a run that passes some."""
+    if not texts:
+        return []
+    from polygym.stack.config import parse_override
+
+    return [(text, key, value) for text in texts for key, value, _ in [parse_override(text)]]
 
 
 ROW_PARAMS_FLAG = f"{ROW_PARAMS}."

@@ -13,13 +13,15 @@ runs made the inline backend refuse to start and ``--no-serve`` refuse to join.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from polygym.cli.base import refuse_given
-from polygym.stack.config import StackConfig
 from polygym.stack.placement import parse_replicas
+
+if TYPE_CHECKING:
+    from polygym.stack.config import StackConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 

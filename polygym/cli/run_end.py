@@ -19,10 +19,10 @@ from rich.markup import escape
 from polygym.cli.base import EXIT_FAILURE, EXIT_USAGE, console
 from polygym.collect.failure_budget import FailureBudget
 from polygym.collect.run_files import RunFileError, done_keys
+from polygym.errors import ConfigError
 from polygym.net.client import ServerCallError
 from polygym.redact import redact_argv
 from polygym.stack.backend import LaunchError
-from polygym.stack.config import ConfigError
 
 MASKED_NOTE = "(secret values masked: pass them again)"
 

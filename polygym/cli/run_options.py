@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from polygym.blend.spec import BlendSpec
 from polygym.cli.base import EXIT_USAGE, fail, load_stack_config
 from polygym.cli.placement_options import placement_options, replica_counts
+from polygym.errors import ConfigError
 from polygym.stack import records as stacks
-from polygym.stack.config import ConfigError
 from polygym.stack.placement import BACKENDS, parse_workers
 from polygym.stack.session import StackTarget
+
+if TYPE_CHECKING:
+    from polygym.blend.spec import BlendSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from polygym.kinds import MODEL_KIND, UPSTREAM_PROBE, UPSTREAM_PROBE_TIMEOUT_S
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.replicas import slot_of
 from polygym.net.retry import NO_RETRY
-from polygym.protocol import MODEL_KIND, UPSTREAM_PROBE, UPSTREAM_PROBE_TIMEOUT_S
 
 HEALTH_TIMEOUT_S = UPSTREAM_PROBE_TIMEOUT_S + 2.0
 """A server's ``GET /`` may wait for its upstream probe: a silent upstream shows as such, not as a

@@ -19,11 +19,11 @@ from rich.markup import escape
 from polygym.cli.base import EXIT_FAILURE, console
 from polygym.collect.eval_run import RunSummary
 from polygym.collect.stack_watch import SERVER_DIED, Death, StackHealth
-from polygym.protocol import AGENT_KIND
+from polygym.kinds import AGENT_KIND
 from polygym.stack.backend import ReplicatedBackend, ServerFailure
-from polygym.stack.config import StackConfig
 
 if TYPE_CHECKING:
+    from polygym.stack.config import StackConfig
     from polygym.stack.launcher import Stack, SubprocessBackend
 
 

@@ -20,7 +20,7 @@ from polygym.collect.sampling import sampling_problems
 from polygym.collect.task_source import TASK_SOURCE, TaskRoutes
 from polygym.errors import DatasetError
 from polygym.jsonl import numbered_lines
-from polygym.protocol import AGENT_KIND
+from polygym.kinds import AGENT_KIND
 from polygym.suggest import unknown_name_message
 
 INPUT_ITEM_KEYS = ("role", "type")

@@ -28,8 +28,8 @@ from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
 from polygym.collect.stack_watch import StackHealth
 from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
+from polygym.kinds import AGENT_KIND
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import AGENT_KIND
 from polygym.row import ATTEMPT_INDEX, NG_PERF, ROLLOUT_INDEX, TASK_INDEX, Job
 
 REDUCED_SCALARS = (str, int, float, bool, type(None))

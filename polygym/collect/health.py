@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 
 from polygym.collect.stack_watch import SERVER_DIED
+from polygym.items import item_text
 from polygym.json_schema import validation_errors
-from polygym.protocol import item_text
 from polygym.row import PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward
 
 MODEL_ITEMS = frozenset({"message", "function_call", "reasoning"})

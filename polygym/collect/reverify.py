@@ -51,9 +51,9 @@ from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
 from polygym.collect.task_source import TASK_SOURCE, TaskRoutes, head_task_routes
 from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
+from polygym.kinds import AGENT_KIND, RESOURCES_KIND
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
-from polygym.protocol import AGENT_KIND, RESOURCES_KIND
 from polygym.row import ALL_ENVS, FAILURE_CLASS_FIELDS, NG_FAILURE_PREFIX, ROLLOUT_INDEX, TASK_INDEX, Job
 from polygym.servers.judge import JUDGE_FAILED
 from polygym.servers.session_release import SessionRelease

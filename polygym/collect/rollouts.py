@@ -33,10 +33,10 @@ from typing import Any
 from polygym.collect.health import QUARANTINED, HealthMonitor
 from polygym.collect.perf_record import with_perf_record
 from polygym.collect.stack_watch import SERVER_DIED, StackHealth
+from polygym.kinds import AGENT_KIND
 from polygym.net import failure
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
-from polygym.protocol import AGENT_KIND
 from polygym.row import (
     NG_FAILURE_CLASS,
     NG_FAILURE_HTTP_STATUS,

@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 
 from polygym.collect.run_files import RunFileError, RunFiles, read_record, write_record
+from polygym.kinds import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.net.client import ServerClient
-from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.redact import is_secret_key, mask_secrets, redact_text
 
 STACK_KEY = "stack"

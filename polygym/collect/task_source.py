@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from polygym.kinds import AGENT_KIND, RESOURCES_KIND
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import AGENT_KIND, RESOURCES_KIND
 
 TASK_SOURCE = "task_source"
 

@@ -39,9 +39,11 @@ class Handoff:
     containers all the way down, anything else is copied by an orjson round trip. Measured on the
     rows of this repository, that round trip costs about what a hand-written recursive copy does
     and several times less than ``copy.deepcopy``; a model dump is needed for the wire anyway.
+    ``cookies`` are those the reply sets (a new session's), by name, as a ``Set-Cookie`` would.
     """
 
     value: Any
+    cookies: dict[str, str] | None = None
 
 
 async def asgi_request(

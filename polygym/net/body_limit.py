@@ -2,15 +2,19 @@
 
 A model API (or anything at the other end of a socket) can answer with a body of any size, and a
 small gzip body can inflate a thousandfold: 10 MB on the wire became 1 GiB in memory before this
-bound existed. ``read_limited`` refuses a declared ``Content-Length`` over the limit before reading
-a byte, then counts the decoded bytes as they stream (aiohttp inflates incrementally, so memory
-stays near the limit) and stops at the limit with ``ResponseTooLarge``. An uncompressed body
-with a declared length is read in one go: aiohttp reads exactly that many bytes.
+bound existed. ``read_limited`` (an aiohttp reply; ``http1`` bounds its own replies the same way)
+refuses a declared ``Content-Length`` over the limit before reading a byte, then counts the decoded
+bytes as they stream (aiohttp inflates incrementally, so memory stays near the limit) and stops at
+the limit with ``ResponseTooLarge``. An uncompressed body with a declared length is read in one go:
+aiohttp reads exactly that many bytes.
 """
 
 from __future__ import annotations
 
-import aiohttp
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import aiohttp
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
 """Default bound on one body: far above a long multi-turn rollout with token ids, far below a

@@ -2,14 +2,17 @@
 
 Every caller in the stack (agents, the collector, ``gym env status``) only knows server *names*;
 the head server's registry maps them to addresses. A name hosted in the caller's own process is
-called in-process (see ``asgi_transport``); anything else goes through one shared aiohttp session
-whose connection pool is sized to the caller's concurrency (unlimited by default), so no hidden
-limit sits below it.
+called in-process (see ``asgi_transport``); anything else goes through one shared connection pool
+sized to the caller's concurrency (unlimited by default), so no hidden limit sits below it: the
+lean HTTP/1.1 client of ``http1`` for plain ``http://`` (every polygym server, a local model
+server), an aiohttp session, imported only then, for the rest (TLS to a hosted API).
 
 Every failure comes out as a ``ServerCallError`` whose ``error_class`` names what really happened
 (``polygym.net.failure``): a callee's class from its failure header, else the transport's own
-(timeout, refused, reset mid-reply, reply too large, bad JSON). Retries share the call chain's
-budget (``polygym.net.budget``), and every body read is bounded (``polygym.net.body_limit``).
+(timeout, refused, reset mid-reply, reply too large, bad JSON), read from the builtin exception
+both transports raise (``ConnectionRefusedError``, ``ConnectionError``, ``TimeoutError``).
+Retries share the call chain's budget (``polygym.net.budget``), and every body read is bounded
+(``polygym.net.body_limit``).
 """
 
 from __future__ import annotations
@@ -17,18 +20,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from http.cookies import SimpleCookie
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 
 from polygym.net import budget, failure
 from polygym.net.asgi_transport import ASGIApp, Handoff, asgi_request, in_own_context
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES, ResponseTooLarge, read_limited
+from polygym.net.http1 import Http1Pool, plain_target
 from polygym.net.replicas import Replicas
 from polygym.net.retry import RetryPolicy
 from polygym.redact import redact_text
 from polygym.suggest import unknown_name_message
+
+if TYPE_CHECKING:
+    import aiohttp
 
 DEFAULT_TIMEOUT_S = 300.0
 KEEPALIVE_S = 15.0
@@ -223,6 +229,7 @@ class ServerClient:
         self._replicas = Replicas()
         self._lookup: asyncio.Future[None] | None = None
         """The head lookup in flight, shared by every caller that needs one meanwhile."""
+        self._pool: Http1Pool | None = None
         self._session: aiohttp.ClientSession | None = None
 
     # -- name resolution -------------------------------------------------------------------
@@ -364,12 +371,12 @@ class ServerClient:
                 raise ServerCallError(target, message, None, failure.TIMEOUT) from None
             except ResponseTooLarge as exc:
                 raise ServerCallError(target, str(exc), None, failure.RESPONSE_TOO_LARGE) from None
-            except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+            except ConnectionRefusedError as exc:
                 error = ServerCallError(target, f"connection failed: {exc}", None, failure.CONNECTION_REFUSED)
                 if attempt == attempts or not await budget.pause(retry.delay(attempt), deadline):
                     raise error from exc
                 continue
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
+            except ConnectionError as exc:
                 error = ServerCallError(
                     target,
                     f"connection broke: {str(exc) or type(exc).__name__}",
@@ -402,7 +409,7 @@ class ServerClient:
             async with asyncio.timeout(timeout_s):
                 served = await in_own_context(self._serve_local(name, method, path, body, cookies, left))
             if isinstance(served, Handoff):
-                return Reply(200, headers=JSON_HEADERS, handoff=served)
+                return Reply(200, cookies=served.cookies, headers=JSON_HEADERS, handoff=served)
             return Reply(served[0], served[2], _cookies_from_headers(served[1]), _header_dict(served[1]))
         await self.resolve(name, refresh=self._replicas.look_again(name))
         url = self._replicas.pick(name, cookies)
@@ -410,7 +417,7 @@ class ServerClient:
         with self._replicas.outstanding(url):
             try:
                 reply = await self._http(method, url + path, body, {**headers, **left.headers()}, timeout_s)
-            except (aiohttp.ClientConnectorError, ConnectionRefusedError):
+            except ConnectionRefusedError:
                 # Dead, or back at another address: the next attempt tries another replica, and
                 # asks the head again (``Replicas.look_again``).
                 self._replicas.refused(url)
@@ -466,17 +473,47 @@ class ServerClient:
     async def _http(
         self, method: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float
     ) -> Reply:
+        target = plain_target(url)
+        if target is None:
+            return await self._aiohttp(method, url, body, headers, timeout_s)
+        status, raw, data = await self._http_pool().request(method, target, body, headers, timeout_s)
+        return Reply(status, data, _cookies_from_headers(raw), _header_dict(raw))
+
+    def _http_pool(self) -> Http1Pool:
+        """The pool of plain-HTTP connections. Idle ones are dropped sooner than polygym servers
+        drop them (``KEEPALIVE_S`` < uvicorn's 30 s in ``listen``): a request sent on a connection
+        the server is closing at that moment is cut, and a tool call cut that way is not sent again."""
+        if self._pool is None or self._pool.closed:
+            self._pool = Http1Pool(self.pool_size, KEEPALIVE_S, self.max_body_bytes)
+        return self._pool
+
+    async def _aiohttp(
+        self, method: str, url: str, body: bytes, headers: dict[str, str], timeout_s: float
+    ) -> Reply:
+        """A call ``http1`` does not make (TLS, credentials in the URL), through aiohttp, whose
+        failures are translated to the builtin exceptions the retry loop classifies."""
+        import aiohttp
+
         session = self._http_session()
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with session.request(method, url, data=body or None, headers=headers, timeout=timeout) as resp:
-            data = await read_limited(resp, self.max_body_bytes)
-            cookies = {k: m.value for k, m in resp.cookies.items()}
-            return Reply(resp.status, data, cookies, {k.lower(): v for k, v in resp.headers.items()})
+        try:
+            async with session.request(
+                method, url, data=body or None, headers=headers, timeout=timeout
+            ) as resp:
+                data = await read_limited(resp, self.max_body_bytes)
+                cookies = {k: m.value for k, m in resp.cookies.items()}
+                return Reply(resp.status, data, cookies, {k.lower(): v for k, v in resp.headers.items()})
+        except TimeoutError:
+            raise
+        except aiohttp.ClientConnectorError as exc:
+            raise ConnectionRefusedError(str(exc)) from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            raise ConnectionResetError(str(exc) or type(exc).__name__) from exc
 
     def _http_session(self) -> aiohttp.ClientSession:
-        """The pooled session. Idle connections are dropped sooner than polygym servers drop them
-        (``KEEPALIVE_S`` < uvicorn's 30 s in ``listen``): a request sent on a connection the server
-        is closing at that moment is cut, and a tool call cut that way is not sent again."""
+        """The aiohttp session, pooled as ``_http_pool`` is."""
+        import aiohttp
+
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
                 limit=self.pool_size, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
@@ -485,6 +522,9 @@ class ServerClient:
         return self._session
 
     async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -22,7 +22,8 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.routing import Route
 
-from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND, complete_response
+from polygym.kinds import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
+from polygym.protocol import complete_response
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, json_endpoint
 from polygym.servers.session_release import SessionRelease
 

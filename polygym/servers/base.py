@@ -73,6 +73,27 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(orjson.dumps(data), status_code=status, media_type="application/json", headers=headers)
 
 
+class SetCookies:
+    """A handler's JSON result with cookies for the caller to keep (a session it started).
+
+    Over HTTP it is a JSON reply with a ``Set-Cookie`` per cookie (``HttpOnly``, ``SameSite=Lax``);
+    to a caller in this process the cookies go with the handed-over value (``Handoff``), where
+    writing the headers and parsing them back cost a rollout's seed ~60 us for nothing.
+    """
+
+    __slots__ = ("cookies", "value")
+
+    def __init__(self, value: Any, cookies: dict[str, str]) -> None:
+        self.value = value
+        self.cookies = cookies
+
+    def response(self) -> Response:
+        response = json_response(self.value)
+        for name, value in self.cookies.items():
+            response.set_cookie(name, value, httponly=True, samesite="lax")
+        return response
+
+
 def owned_copy(result: Any) -> Any:
     """``result`` as JSON data sharing nothing with it: what the wire would deliver, unencoded."""
     if isinstance(result, BaseModel):
@@ -158,6 +179,8 @@ class JsonEndpoint:
 
     async def respond(self, raw: bytes, request: Any) -> Response:
         result = await self.answer(raw, request)
+        if isinstance(result, SetCookies):
+            return result.response()
         return result if isinstance(result, Response) else json_response(result)
 
     async def answer(self, raw: bytes, request: Any) -> Any:
@@ -299,8 +322,9 @@ class BaseServer(Generic[ConfigT]):
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | Handoff | None:
         """Serve a JSON route for a caller in this process; None when the route needs Starlette.
 
-        A handler's plain result is handed over unencoded (``Handoff``, made the caller's own);
-        a Response (an error, a reply with cookies) goes back as its status, headers and bytes.
+        A handler's plain result is handed over unencoded (``Handoff``, made the caller's own), with
+        the cookies it sets (``SetCookies``); a Response (an error, a handler's own reply) goes back
+        as its status, headers and bytes.
         """
         endpoint = self._direct.get((method, path)) if self._app is not None else None
         if endpoint is None:
@@ -309,6 +333,8 @@ class BaseServer(Generic[ConfigT]):
             result = await endpoint.answer(body, DirectRequest(path, cookies))
         if isinstance(result, Response):
             return result.status_code, result.raw_headers, bytes(result.body)
+        if isinstance(result, SetCookies):
+            return Handoff(owned_copy(result.value), dict(result.cookies))
         return Handoff(owned_copy(result))
 
     async def startup(self) -> None:

@@ -43,7 +43,8 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.routing import Route
 
-from polygym.protocol import SeedSessionRequest, VerifyRequest, VerifyResponse, item_text
+from polygym.items import item_text
+from polygym.protocol import SeedSessionRequest, VerifyRequest, VerifyResponse
 from polygym.servers.base import HTTPError, json_endpoint, validation_message
 from polygym.servers.resources import ResourcesServer, ResourcesServerConfig
 from polygym.servers.sessions import Session

@@ -26,8 +26,9 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, Field
 
+from polygym.kinds import MODEL_KIND
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.protocol import MODEL_KIND, output_text
+from polygym.protocol import output_text
 from polygym.servers.agent import ServerRef
 from polygym.servers.base import HTTPError
 

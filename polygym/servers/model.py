@@ -33,11 +33,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym.dialects import messages as messages_dialect
+from polygym.kinds import MODEL_KIND, UPSTREAM_PROBE, UPSTREAM_PROBE_TIMEOUT_S
 from polygym.net import budget, failure
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
 from polygym.net.client import Reply, ServerCallError, ServerClient, error_detail
 from polygym.net.retry import NO_RETRY, RetryPolicy
-from polygym.protocol import MODEL_KIND, UPSTREAM_PROBE, UPSTREAM_PROBE_TIMEOUT_S, complete_response
+from polygym.protocol import complete_response
 from polygym.redact import redact_text
 from polygym.servers.base import BaseServer, HTTPError, ServerConfig, json_endpoint, json_response
 from polygym.servers.sessions import SESSION_COOKIE

@@ -29,8 +29,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym import metrics
-from polygym.protocol import RESOURCES_KIND, AggregateMetricsRequest, SeedSessionRequest, VerifyRequest
-from polygym.servers.base import BaseServer, HTTPError, ServerConfig, body_model, json_endpoint, json_response
+from polygym.kinds import RESOURCES_KIND
+from polygym.protocol import AggregateMetricsRequest, SeedSessionRequest, VerifyRequest
+from polygym.servers.base import (
+    BaseServer,
+    HTTPError,
+    ServerConfig,
+    SetCookies,
+    body_model,
+    json_endpoint,
+    json_response,
+)
 from polygym.servers.cpu_pool import CpuPool
 from polygym.servers.extras import require_extra
 from polygym.servers.sessions import SESSION_COOKIE, Session, SessionStore
@@ -254,18 +263,16 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
 
     @staticmethod
     def _with_cookie(request: Request, result: Any) -> Any:
-        """``result`` with the cookie of a session this request started; the value itself when
-        there is none, so that an in-process caller gets it handed over (``Handoff``) instead of
-        encoded here and parsed again by the caller: tool calls and ``/verify`` of a seeded
-        rollout, the rollout itself in the latter."""
+        """``result`` with the cookie of a session this request started; never encoded here, so
+        that an in-process caller gets it handed over (``Handoff``, the cookie with it) instead of
+        parsing it again: the seed, tool calls and ``/verify`` (the whole rollout) of a rollout."""
         new_session = getattr(request.state, "new_session", None)
         if not new_session:
             return result if result is not None else {}
-        response = (
-            result if isinstance(result, Response) else json_response(result if result is not None else {})
-        )
-        response.set_cookie(SESSION_COOKIE, new_session, httponly=True, samesite="lax")
-        return response
+        if isinstance(result, Response):  # the handler's own reply
+            result.set_cookie(SESSION_COOKIE, new_session, httponly=True, samesite="lax")
+            return result
+        return SetCookies(result if result is not None else {}, {SESSION_COOKIE: new_session})
 
     async def _seed(self, body: SeedSessionRequest, request: Request) -> Any:
         session = self.sessions.create()

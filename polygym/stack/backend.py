@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from polygym.net.client import ServerClient
-from polygym.stack.config import ServerSpec
 
-if TYPE_CHECKING:  # the head server's app (Starlette): not for a collector that only joins a stack
+if TYPE_CHECKING:  # the head server's app (Starlette), the config loader (OmegaConf): not for a
+    # collector that only joins a stack
+    from polygym.stack.config import ServerSpec
     from polygym.stack.head import Registry
 
 START_TIMEOUT_S = 60.0
@@ -156,6 +157,8 @@ def spec_to_dict(spec: ServerSpec) -> dict[str, Any]:
 
 
 def spec_from_dict(data: dict[str, Any]) -> ServerSpec:
+    from polygym.stack.config import ServerSpec
+
     return ServerSpec(
         name=data["name"],
         kind=data["kind"],

@@ -30,13 +30,12 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
-from importlib import metadata
 from pathlib import Path
 
 from polygym.errors import ConfigError
+from polygym.kinds import SERVER_KINDS
 from polygym.suggest import closest
 
-SERVER_KINDS: tuple[str, ...] = ("resources_servers", "responses_api_agents", "responses_api_models")
 NEMO_GYM_ROOT_ENV_VAR = "POLYGYM_NEMO_GYM_ROOT"
 NEMO_GYM_ROOT_KEY = "nemo_gym_root"
 """Config key naming a NeMo Gym checkout (or unpacked wheel) whose server folders a stack may run."""
@@ -61,7 +60,12 @@ def project_root() -> Path:
 
 
 def installed_nemo_gym_root() -> Path | None:
-    """Where an installed ``nemo-gym`` keeps its server folders (its site-packages), if installed."""
+    """Where an installed ``nemo-gym`` keeps its server folders (its site-packages), if installed.
+
+    ``importlib.metadata`` is imported here: it brings ``email`` and ``zipfile`` (~50 ms), and
+    every ``gym`` command imports this module while few look for NeMo Gym's folders."""
+    from importlib import metadata
+
     try:
         dist = metadata.distribution("nemo-gym")
     except metadata.PackageNotFoundError:

@@ -29,8 +29,9 @@ from omegaconf.errors import (
 
 from polygym import redact
 from polygym.errors import ConfigError
+from polygym.kinds import AGENT_KIND, SERVER_KINDS
 from polygym.stack import bounded_yaml, catalog
-from polygym.stack.catalog import SERVER_KINDS, describe_unknown
+from polygym.stack.catalog import describe_unknown
 from polygym.stack.directives import apply_directives
 from polygym.stack.env_build import PACKAGE_KEY, PYTHON_KEY
 from polygym.stack.external import EXTERNAL, NO_FOLDER
@@ -41,7 +42,6 @@ COMMAND_LINE = "command line"
 CONFIG_PATHS = "config_paths"
 ENVIRONMENT_SERVERS = "environment_servers"
 LEGACY_RELAY = "legacy_agent"
-AGENT_KIND = "responses_api_agents"
 NEMO_GYM_SETTINGS = (catalog.NEMO_GYM_ROOT_KEY, PYTHON_KEY, PACKAGE_KEY, catalog.NEMO_GYM_FORK_KEY)
 """polygym's top-level keys for running NeMo Gym's servers (``stack.nemo_gym_server``); not
 passed on to those servers, and "unused" only in a stack that runs none."""

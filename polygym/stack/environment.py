@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 import yaml
 
+from polygym.kinds import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.net.client import ServerClient
-from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.servers.resources import ResourcesServer
 from polygym.stack import catalog
 from polygym.stack.config import ConfigError, ServerSpec, StackConfig, load_config

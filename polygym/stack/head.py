@@ -54,8 +54,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym import redact
+from polygym.kinds import AGENT_KIND
 from polygym.net.replicas import slot_of
-from polygym.protocol import AGENT_KIND
 from polygym.servers.base import HTTPError, JsonEndpoint, error_response, json_response
 from polygym.servers.inbound import InboundGuard
 from polygym.stack.config import ENVIRONMENT_SERVERS, LEGACY_RELAY

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from polygym.kinds import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, bind_socket
-from polygym.protocol import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.servers.agent import Agent
 from polygym.servers.base import BaseServer
 from polygym.servers.extras import MissingExtraError

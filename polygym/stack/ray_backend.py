@@ -56,9 +56,9 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup
 
 from polygym.gc_pace import pace_for_rollouts
+from polygym.kinds import RESOURCES_KIND
 from polygym.net.listen import AppServer
 from polygym.net.replicas import slot_of
-from polygym.protocol import RESOURCES_KIND
 from polygym.stack import ray_gpu_groups as gpu_groups
 from polygym.stack import records as stacks
 from polygym.stack.backend import (

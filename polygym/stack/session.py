@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from polygym.kinds import AGENT_KIND
 from polygym.net.client import ServerClient
-from polygym.protocol import AGENT_KIND
-from polygym.stack.config import StackConfig
 from polygym.suggest import unknown_name_message
 
 if TYPE_CHECKING:
+    from polygym.stack.config import StackConfig
     from polygym.stack.launcher import Stack
 
 MIN_POOL_SIZE = 64

@@ -47,8 +47,8 @@ import yaml
 from polygym.blend.mix import load_blend, resolve
 from polygym.blend.spec import BlendSpec, load_spec
 from polygym.collect.statistics import Estimate, delta, mcnemar
+from polygym.items import item_text
 from polygym.jsonl import iter_jsonl, write_jsonl
-from polygym.protocol import item_text
 from polygym.row import PASS_THRESHOLD, TASK_INDEX, reward, usage
 from polygym.training.run import RunSettings, train_run
 

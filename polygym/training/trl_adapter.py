@@ -61,7 +61,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from polygym.blend.dynamic_sampling import task_stride
-from polygym.protocol import input_items, item_text
+from polygym.items import item_text
+from polygym.protocol import input_items
 from polygym.training.advantages import plan_token_weights
 from polygym.training.collector import TokenCollector, TokenStep
 from polygym.training.env_metrics import step_metrics

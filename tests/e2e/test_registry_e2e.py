@@ -105,7 +105,7 @@ async def test_pools_follow_the_collectors_concurrency() -> None:
     async with inline:
         client = await inline.connect()
         assert client.pool_size == 2000
-        assert client._http_session().connector.limit == 2000  # type: ignore[union-attr]
+        assert client._http_pool().limit == 2000
         assert {s["pool_size"] for s in await client.servers()} == {2000}
     spawned = StackSession(StackTarget(two_env_config(), backend="subprocess", record=False), pool_size=2000)
     async with spawned:

@@ -30,10 +30,10 @@ async def test_subprocess_stack_client_is_closed_and_stack_stopped() -> None:
         assert session.stack is not None and session.stack.client is None  # not the stack's own client
         names = {s["name"] for s in await client.servers()}
         assert AGENT in names
-        http = client._session
+        http = client._pool
         assert http is not None and not http.closed
         stack = session.stack
-    assert http.closed and client._session is None
+    assert http.closed and client._pool is None
     assert all(proc.returncode is not None for proc in stack.backend.procs.values())  # type: ignore[union-attr]
 
 
@@ -55,7 +55,7 @@ async def test_joining_closes_only_its_client_and_leaves_the_stack_running() -> 
         async with StackSession(StackTarget(head_url=running.head_url)) as session:
             assert session.agents == [AGENT]
             client = await session.connect()
-            http = client._session
+            http = client._pool
         assert http is not None and http.closed and session.stack is None
         assert running.client is not None
         assert AGENT in {s["name"] for s in await running.client.servers()}
