@@ -13,8 +13,10 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from polygym.net.client import ServerClient
+from polygym.net import failure
+from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.http1 import MAX_HEAD_BYTES, Http1Pool, Target, plain_target
+from polygym.net.retry import RetryPolicy
 
 MiB = 1 << 20
 
@@ -176,3 +178,24 @@ async def test_a_head_that_never_ends_is_cut_at_its_bound() -> None:
                 await pool.request("GET", target, b"", {}, 5.0)
         finally:
             pool.close()
+
+
+async def test_a_url_this_client_does_not_take_goes_through_aiohttp_with_the_same_failures() -> None:
+    """Credentials in the URL (as TLS) are aiohttp's: the call still works, sends them as Basic
+    auth, and a refused connection there is classed as the plain path classes it."""
+    async with KeepAliveServer([_ok()]).running() as server:
+        client = ServerClient(None)
+        try:
+            url = server.url.replace("http://", "http://user:secret@") + "/x"
+            reply = await client.request_url("POST", url, {"a": 1})
+            assert reply.status == 200 and reply.json() == {"ok": True}
+            assert b"Authorization: Basic dXNlcjpzZWNyZXQ=" in server.requests[0]
+        finally:
+            await client.close()
+    client = ServerClient(None)
+    try:
+        with pytest.raises(ServerCallError) as refused:
+            await client.request_url("GET", url, retry=RetryPolicy(attempts=1))
+        assert refused.value.error_class == failure.CONNECTION_REFUSED
+    finally:
+        await client.close()
