@@ -47,6 +47,7 @@ import tempfile
 import time
 import types
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,25 +135,35 @@ def _dependencies(known: Path) -> list[str]:
 
 
 def _dependencies_in_a_child() -> list[str]:
+    names = _answer_from_a_child(_imported_by_preload)
+    return [str(name) for name in names] if isinstance(names, list) else []
+
+
+def _imported_by_preload() -> list[str]:
+    before = set(sys.modules)
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    return [m for m in sys.modules if m not in before and m.split(".")[0] not in MAIN_NAMES]
+
+
+def _answer_from_a_child(work: Callable[[], Any]) -> Any:
+    """``work()`` run in a forked child that exits at once after, its JSON answer read back (None
+    when the child died first): what it imports or caches stays in the child."""
     result_read, result_write = os.pipe()
     pid = _fork()
     if pid == 0:
         try:
             os.close(result_read)
-            before = set(sys.modules)
-            for name in PRELOAD:
-                with contextlib.suppress(ImportError):
-                    importlib.import_module(name)
-            found = [m for m in sys.modules if m not in before and m.split(".")[0] not in MAIN_NAMES]
             with os.fdopen(result_write, "wb") as out:
-                out.write(json.dumps(found).encode())
+                out.write(json.dumps(work()).encode())
         finally:
             os._exit(0)
     os.close(result_write)
     with os.fdopen(result_read, "rb") as source:
         data = source.read()
     os.waitpid(pid, 0)
-    return list(json.loads(data)) if data else []
+    return json.loads(data) if data else None
 
 
 class _Servers:
@@ -290,24 +301,15 @@ def _fresh_interpreter(request: dict[str, Any]) -> subprocess.Popen[bytes]:
 def _resolve_in_child(config: dict[str, Any]) -> dict[str, Any]:
     """NeMo Gym's parser run in a forked child, whatever it prints captured (stdout is the protocol)."""
     with tempfile.TemporaryFile() as printed:
-        result_read, result_write = os.pipe()
-        pid = _fork()
-        if pid == 0:
-            try:
-                os.close(result_read)
-                os.dup2(printed.fileno(), 1)
-                os.dup2(printed.fileno(), 2)
-                with os.fdopen(result_write, "wb") as out:
-                    out.write(json.dumps(_resolve(config)).encode())
-            finally:
-                os._exit(0)
-        os.close(result_write)
-        with os.fdopen(result_read, "rb") as source:
-            data = source.read()
-        os.waitpid(pid, 0)
+
+        def resolve_printing_there() -> dict[str, Any]:
+            os.dup2(printed.fileno(), 1)
+            os.dup2(printed.fileno(), 2)
+            return _resolve(config)
+
+        answer = _answer_from_a_child(resolve_printing_there) or {"refused": "the resolver died"}
         printed.seek(0)
         text = printed.read().decode(errors="replace")
-    answer: dict[str, Any] = json.loads(data) if data else {"refused": "the resolver died"}
     if "refused" in answer:
         return {"op": "refused", "stderr": f"{text}{REFUSAL_MARK}{answer['refused']}\n"}
     return {"op": "resolved", "yaml": answer["yaml"]}
