@@ -179,7 +179,12 @@ async def test_fork_bomb_is_contained_and_leaves_nothing(enforcement):
                     pass
         """
     )
-    sandbox = make_sandbox(enforcement=enforcement)
+    # The bomb reaches the process limit in milliseconds on an idle machine; under a loaded
+    # suite (-n 4) it took over the default 0.5 s per test. Any time short of the run's wall
+    # limit shows the containment; past it the run is a timeout, and this fails saying so.
+    sandbox = make_sandbox(
+        enforcement=enforcement, limits={**LIMITS, "per_test_timeout_s": LIMITS["wall_s"] - 0.5}
+    )
     result = await run(sandbox, code)
     assert result.violation == "pids_limit"
     assert wait_until(lambda: not slot_processes(), 5)
