@@ -491,8 +491,9 @@ async def reverify(client: ServerClient, settings: ReverifySettings) -> Reverify
     as_sent = input_rows(inputs)
     routes = await head_task_routes(client)
     plan = plan_reverify(settings.rollouts, settings.failed_only, settings.limit, as_sent, routes)
-    resources = await resources_by_agent(client, {i.job.agent for i in plan.items if i.verify})
-    missing = sorted({i.job.agent for i in plan.items if i.verify} - set(resources))
+    agents = {i.job.agent for i in plan.items if i.verify}
+    resources = await resources_by_agent(client, agents)
+    missing = sorted(agents - set(resources))
     if missing:
         raise ReverifyError(
             "\n".join(

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from polygym.jsonl import JsonlAppender, iter_jsonl, truncate_torn_tail
+from polygym.jsonl import JsonlAppender, encode_jsonl, iter_jsonl, truncate_torn_tail
 from polygym.row import NG_FAILURE_TERMINAL, ROLLOUT_INDEX, TASK_INDEX
 
 PLAN_KEY = "plan_fingerprint"
@@ -173,7 +173,7 @@ def keep_finished(files: RunFiles) -> None:
         else:
             path.write_bytes(b"")
     kept = [f for f in iter_jsonl(files.failures) if terminal(f)]
-    files.failures.write_bytes(b"".join(orjson.dumps(f) + b"\n" for f in kept))
+    files.failures.write_bytes(encode_jsonl(kept))
 
 
 class RolloutWriter:

@@ -483,7 +483,7 @@ class ServerClient:
         """The pool of plain-HTTP connections. Idle ones are dropped sooner than polygym servers
         drop them (``KEEPALIVE_S`` < uvicorn's 30 s in ``listen``): a request sent on a connection
         the server is closing at that moment is cut, and a tool call cut that way is not sent again."""
-        if self._pool is None or self._pool.closed:
+        if self._pool is None:
             self._pool = Http1Pool(self.pool_size, KEEPALIVE_S, self.max_body_bytes)
         return self._pool
 

@@ -62,7 +62,7 @@ def plain_target(url: str) -> Target | None:
     if not url.startswith("http://") or not url.isascii() or not url.isprintable() or " " in url:
         return None
     authority, _, rest = url[len("http://") :].partition("/")
-    authority, _, _fragment = authority.partition("#")
+    authority, _, _ = authority.partition("#")
     authority, query_sep, query = authority.partition("?")
     if not authority or "@" in authority:
         return None

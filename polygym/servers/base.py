@@ -88,10 +88,14 @@ class SetCookies:
         self.cookies = cookies
 
     def response(self) -> Response:
-        response = json_response(self.value)
-        for name, value in self.cookies.items():
-            response.set_cookie(name, value, httponly=True, samesite="lax")
-        return response
+        return with_cookies(json_response(self.value), self.cookies)
+
+
+def with_cookies(response: Response, cookies: dict[str, str]) -> Response:
+    """``response`` setting ``cookies`` as every polygym server sets a session's: HTTP only, same site."""
+    for name, value in cookies.items():
+        response.set_cookie(name, value, httponly=True, samesite="lax")
+    return response
 
 
 def owned_copy(result: Any) -> Any:

@@ -39,6 +39,7 @@ from polygym.servers.base import (
     body_model,
     json_endpoint,
     json_response,
+    with_cookies,
 )
 from polygym.servers.cpu_pool import CpuPool
 from polygym.servers.extras import require_extra
@@ -270,8 +271,7 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
         if not new_session:
             return result if result is not None else {}
         if isinstance(result, Response):  # the handler's own reply
-            result.set_cookie(SESSION_COOKIE, new_session, httponly=True, samesite="lax")
-            return result
+            return with_cookies(result, {SESSION_COOKIE: new_session})
         return SetCookies(result if result is not None else {}, {SESSION_COOKIE: new_session})
 
     async def _seed(self, body: SeedSessionRequest, request: Request) -> Any:

@@ -648,12 +648,13 @@ def load_config(
     with catalog.config_nemo_gym_root(str(root) if isinstance(root, str) else None):
         entries, instances = _classify(stack, raw)
     scanned = _scan_values(stack, stack.merged, "", raw)
+    nemo_gym = {entry.name for entry in entries if _runs_nemo_gym(entry, raw)}  # reads entrypoints
     for entry in entries:
         inner = scanned[entry.name][entry.kind][entry.implementation]
-        _check_references(stack, entry, inner, instances, _runs_nemo_gym(entry, raw))
+        _check_references(stack, entry, inner, instances, entry.name in nemo_gym)
     if stack.problems:
         raise ConfigError(stack.problems)
-    unused = _unused_globals(stack, raw, entries, {_display(Path(path)) for path in env})
+    unused = _unused_globals(stack, raw, entries, {_display(Path(path)) for path in env}, bool(nemo_gym))
     refused = [name for name in unused if stack.origin(name) == COMMAND_LINE]
     if refused:
         raise ConfigError(
@@ -677,7 +678,9 @@ def _apply_directives(stack: _Stack) -> None:
     stack.merged = OmegaConf.create(raw)
 
 
-def _unused_globals(stack: _Stack, raw: dict[str, Any], entries: list[_Entry], env: set[str]) -> list[str]:
+def _unused_globals(
+    stack: _Stack, raw: dict[str, Any], entries: list[_Entry], env: set[str], runs_nemo_gym: bool
+) -> list[str]:
     """Top-level values that are not servers and that no ``${...}`` uses.
 
     From a file these are a warning, not an error: NeMo Gym configs routinely carry values for
@@ -688,7 +691,7 @@ def _unused_globals(stack: _Stack, raw: dict[str, Any], entries: list[_Entry], e
     """
     servers = {entry.name for entry in entries} | set(stack.relays)
     used = _referenced_keys(raw)
-    if any(_runs_nemo_gym(entry, raw) for entry in entries):
+    if runs_nemo_gym:
         used |= set(NEMO_GYM_SETTINGS)
     return [
         str(name)

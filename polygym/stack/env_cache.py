@@ -285,12 +285,13 @@ def prune(root: Path, keep_last: int | None, max_size: int | None, dry_run: bool
     ready = [e for e in report.found if e.ready]
     recent = {e.path for e in ready[max(0, len(ready) - keep_last) :]} if keep_last is not None else None
     oldest_first = [e for e in report.found if not e.ready] + ready
-    running = users(root)
+    running: dict[str, int] | None = None  # looked up once something may have to go
     total = report.size_before
     for env in oldest_first:
         over = max_size is not None and total > max_size
         if env.ready and not over and (recent is None or env.path in recent):
             continue
+        running = users(root) if running is None else running
         reason = _kept_because(env, running, dry_run)
         if reason is not None:
             report.kept.append((env, reason))
