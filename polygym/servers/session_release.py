@@ -10,6 +10,7 @@ every later session of that server too. polygym's servers answer both routes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from polygym.net import budget
@@ -25,13 +26,22 @@ class SessionRelease:
 
     def __init__(self) -> None:
         self.closes_at: set[str] = set()
+        self._unawaited: set[asyncio.Task[None]] = set()
 
     async def __call__(self, client: ServerClient, server: str, cookies: dict[str, str]) -> None:
         """Release the session of ``cookies``; best effort, since the rollout's outcome is known.
 
-        Outside the rollout's budget: this also runs after the caller gave up (its deadline passed,
-        or it disconnected and the rollout was cancelled), and the session must still be released.
+        Outside the rollout's budget, and shielded from the caller's cancellation: this also runs
+        after the caller gave up (its deadline passed, or it disconnected and the rollout was
+        cancelled, which can land while the release is under way), and the session must still be
+        released. A cancelled caller returns at once; its release goes on in a task of its own.
         """
+        task = asyncio.ensure_future(self._release(client, server, cookies))
+        self._unawaited.add(task)
+        task.add_done_callback(self._unawaited.discard)
+        await asyncio.shield(task)
+
+    async def _release(self, client: ServerClient, server: str, cookies: dict[str, str]) -> None:
         with contextlib.suppress(ServerCallError), budget.within(budget.UNLIMITED):
             if server in self.closes_at:
                 await self._post(client, server, CLOSE_SESSION, cookies)

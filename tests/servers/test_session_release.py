@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -74,3 +76,32 @@ async def test_polygyms_servers_keep_end_session_and_a_release_never_raises() ->
     assert server.sessions.stats()["released"] == 1 and release.closes_at == set()
     await release(client, "neither", {})  # 404 twice: best effort, nothing raised
     assert release.closes_at == {"neither"}
+
+
+async def test_a_release_cancelled_midway_still_reaches_the_server() -> None:
+    """The caller's rollout is cancelled (its collector left) while ``/end_session`` is under way:
+    the caller stops waiting, and the session is released all the same."""
+    server = ResourcesServer("env", {})
+    arrived, go_on = asyncio.Event(), asyncio.Event()
+
+    async def slow_end_session(scope: Any, receive: Any, send: Any) -> None:
+        arrived.set()
+        await go_on.wait()
+        await server.app(scope, receive, send)
+
+    client = ServerClient()
+    client.add_local("env", slow_end_session)
+    release = SessionRelease()
+    session = server.sessions.create()
+    caller = asyncio.ensure_future(release(client, "env", {"polygym_session": session.id}))
+    await asyncio.wait_for(arrived.wait(), 5)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert server.sessions.stats()["released"] == 0
+    go_on.set()
+    deadline = asyncio.get_running_loop().time() + 5
+    while server.sessions.stats()["released"] == 0:
+        assert asyncio.get_running_loop().time() < deadline, "the cancelled release never reached the server"
+        await asyncio.sleep(0.01)
+    assert server.sessions.stats()["active"] == 0
