@@ -131,7 +131,6 @@ def repeat_statistics(values: list[float]) -> dict[str, float]:
     """What NeMo Gym reports per repeat: sample std (n-1), its standard error and quartiles."""
     n = len(values)
     std = statistics.stdev(values) if n > 1 else 0.0
-    p25, _, p75 = statistics.quantiles(values, n=4, method="inclusive") if n > 1 else (values[0],) * 3
     return {
         "mean": statistics.fmean(values),
         "median": statistics.median(values),
@@ -139,8 +138,8 @@ def repeat_statistics(values: list[float]) -> dict[str, float]:
         "sem": std / math.sqrt(n),
         "min": min(values),
         "max": max(values),
-        "p25": p25,
-        "p75": p75,
+        "p25": percentile(values, 0.25),
+        "p75": percentile(values, 0.75),
     }
 
 

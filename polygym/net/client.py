@@ -140,12 +140,17 @@ class Reply:
         return failure.failure_class(self.headers) or f"HTTP {self.status}"
 
 
-def _json_headers(cookies: dict[str, str] | None) -> list[tuple[bytes, bytes]]:
+def _json_headers(cookies: dict[str, str] | None) -> dict[str, str]:
     """Headers of a JSON request to a server, with the session cookies it is to see."""
-    headers = [(b"content-type", b"application/json")]
+    headers = {"content-type": "application/json"}
     if cookies:
-        headers.append((b"cookie", "; ".join(f"{k}={v}" for k, v in cookies.items()).encode()))
+        headers["cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
     return headers
+
+
+def _asgi_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """``headers`` as an in-process ASGI app receives them."""
+    return [(name.encode(), value.encode()) for name, value in headers.items()]
 
 
 def _header_dict(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -413,10 +418,11 @@ class ServerClient:
             return Reply(served[0], served[2], _cookies_from_headers(served[1]), _header_dict(served[1]))
         await self.resolve(name, refresh=self._replicas.look_again(name))
         url = self._replicas.pick(name, cookies)
-        headers = {k.decode(): v.decode() for k, v in _json_headers(cookies)}
+        headers = _json_headers(cookies)
+        headers.update(left.headers())
         with self._replicas.outstanding(url):
             try:
-                reply = await self._http(method, url + path, body, {**headers, **left.headers()}, timeout_s)
+                reply = await self._http(method, url + path, body, headers, timeout_s)
             except ConnectionRefusedError:
                 # Dead, or back at another address: the next attempt tries another replica, and
                 # asks the head again (``Replicas.look_again``).
@@ -441,7 +447,8 @@ class ServerClient:
             served = await dispatch(method, path, body, cookies or {}) if dispatch is not None else None
             if served is not None:
                 return served
-            return await asgi_request(self._local[name], method, path, body, _json_headers(cookies))
+            headers = _asgi_headers(_json_headers(cookies))
+            return await asgi_request(self._local[name], method, path, body, headers)
 
     async def request_url(
         self,

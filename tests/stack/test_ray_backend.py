@@ -82,11 +82,12 @@ def ray_stack(cluster: Any, **kwargs: Any) -> Stack:
 
 
 async def solve_all(client: ServerClient) -> list[float]:
-    rewards = []
-    for env in ENVS:
-        for row in example_rows(env):
-            rewards.append((await client.call(f"{env}_simple_agent", "/run", row)).json()["reward"])
-    return rewards
+    """Every example row of both environments, at once (each in its own session), in row order."""
+
+    async def reward(env: str, row: dict[str, Any]) -> float:
+        return float((await client.call(f"{env}_simple_agent", "/run", row)).json()["reward"])
+
+    return list(await asyncio.gather(*(reward(env, row) for env in ENVS for row in example_rows(env))))
 
 
 async def wait_for(predicate: Any, timeout_s: float = 60.0) -> bool:
