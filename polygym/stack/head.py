@@ -157,6 +157,27 @@ def relay_name(agent: str, implementation: str, taken: Container[str]) -> str:
     return name
 
 
+def fronted_agents(config: Mapping[str, Any]) -> set[str]:
+    """The agents an environment server of ``config`` references, by NeMo Gym 0.7's rule
+    (``environment_server_agent_refs``): any field ``{type: responses_api_agents, name}``, and an
+    ``agent_server`` that leaves its type out."""
+    names: set[str] = set()
+    for block in config.values():
+        impls = block.get(ENVIRONMENT_SERVERS) if isinstance(block, Mapping) else None
+        for inner in impls.values() if isinstance(impls, Mapping) else ():
+            for field, ref in inner.items() if isinstance(inner, Mapping) else ():
+                if _names_an_agent(field, ref):
+                    names.add(ref["name"])
+    return names
+
+
+def _names_an_agent(field: str, ref: Any) -> bool:
+    if not isinstance(ref, Mapping) or not isinstance(ref.get("name"), str):
+        return False
+    kind = ref.get("type")
+    return kind == AGENT_KIND or (field == "agent_server" and kind is None)
+
+
 def nemo_relays(
     config: dict[str, Any], entries: Mapping[str, dict[str, Any]], declared: Mapping[str, str]
 ) -> dict[str, dict[str, Any]]:
@@ -167,12 +188,14 @@ def nemo_relays(
     forwards both unchanged, and a polygym agent answers both itself, so the relay's address is the
     agent's: no process is added and a rollout takes no extra hop. Relays the config declared
     (``declared``: relay -> agent, see ``StackConfig.relays``) keep their names; every other agent
-    gets the name NeMo Gym would generate (``relay_name``).
+    gets the name NeMo Gym would generate (``relay_name``), but one that an environment server of
+    the config already fronts (``fronted_agents``), which NeMo Gym gives no relay either.
     """
     relays: dict[str, dict[str, Any]] = {}
     named = {agent: relay for relay, agent in declared.items()}
+    fronted = fronted_agents(config)
     for entry in entries.values():
-        if entry["kind"] != AGENT_KIND or slot_of(entry) != entry["name"]:
+        if entry["kind"] != AGENT_KIND or slot_of(entry) != entry["name"] or entry["name"] in fronted:
             continue
         agent = entry["name"]
         name = named.get(agent) or relay_name(agent, entry["implementation"], {*config, *relays})
