@@ -58,8 +58,20 @@ single_agent_turn:
       resources_server: {type: resources_servers, name: weather}
       agent_server: {type: responses_api_agents, name: weather_agent}
       resources_tool_transports: [direct_http]
+polygym_weather:
+  resources_servers:
+    example_single_tool_call:
+      domain: agent
+polygym_episodes:
+  environment_servers:
+    single_agent_turn:
+      resources_server: {type: resources_servers, name: polygym_weather}
+      agent_server: {type: responses_api_agents, name: weather_agent}
+      resources_tool_transports: [direct_http]
+      cleanup_timeout_seconds: 60
 environment_server_routes:
   weather: single_agent_turn
+  polygym_weather: polygym_episodes
 """
 TOOLS = [
     {
@@ -78,6 +90,7 @@ PLAYS = {
 
 
 def task(case: str, taskset: str = "weather") -> dict[str, Any]:
+    """A materialized task; polygym's environment also checks the city (``expected_city``)."""
     params = {
         "input": [{"role": "user", "content": "what's it like in sf?"}],
         "tools": TOOLS,
@@ -85,7 +98,7 @@ def task(case: str, taskset: str = "weather") -> dict[str, Any]:
     }
     return {
         "task_id": {"taskset": taskset, "task_id": case},
-        "task_input": {"responses_create_params": params, "task_data": {}},
+        "task_input": {"responses_create_params": params, "task_data": {"expected_city": "SF"}},
     }
 
 
@@ -118,6 +131,8 @@ def eval_run(cwd: Path, head_url: str, rows: str, *extra: str) -> subprocess.Com
 def test_single_agent_turn_runs_materialized_tasks_routed_by_taskset(
     nemo_env: Path, tmp_path: Path, start_stack: Any
 ) -> None:
+    """Taskset ``weather`` runs on NeMo Gym's environment, ``polygym_weather`` on polygym's
+    ``example_single_tool_call`` (NeMo Gym's typed seed and close, its agent's tool calls)."""
     stack = start_stack("--model-type", "scripted_model", "--config", str(nemo_env), cwd=tmp_path)
     server = stack.server("single_agent_turn")
     assert (server["kind"], server["implementation"], server.get("nemo_gym")) == (
@@ -125,7 +140,8 @@ def test_single_agent_turn_runs_materialized_tasks_routed_by_taskset(
         "single_agent_turn",
         True,
     )
-    write_jsonl([task("right"), task("wrong"), task("broken")], tmp_path / "in.jsonl")
+    rows = [task(case, taskset) for taskset in ("weather", "polygym_weather") for case in ("right", "wrong")]
+    write_jsonl([*rows, task("broken")], tmp_path / "in.jsonl")
     write_jsonl([task("right"), task("right", taskset="elsewhere")], tmp_path / "unrouted.jsonl")
 
     refused = eval_run(tmp_path, stack.record["head_url"], "unrouted.jsonl")
@@ -136,22 +152,35 @@ def test_single_agent_turn_runs_materialized_tasks_routed_by_taskset(
     done = eval_run(tmp_path, stack.record["head_url"], "in.jsonl", "--max-failures", "1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = RunFiles(tmp_path / "out.jsonl")
-    rollouts = {row["_ng_task_id"]["task_id"]: row for row in iter_jsonl(files.output)}
-    assert {case: row["reward"] for case, row in rollouts.items()} == {"right": 1.0, "wrong": 0.0}
-    for case, row in rollouts.items():
-        assert row["_ng_task_id"] == {"taskset": "weather", "task_id": case}
+    rollouts = {
+        (row["_ng_task_id"]["taskset"], row["_ng_task_id"]["task_id"]): row
+        for row in iter_jsonl(files.output)
+    }
+    assert {key: row["reward"] for key, row in rollouts.items()} == {
+        ("weather", "right"): 1.0,
+        ("weather", "wrong"): 0.0,
+        ("polygym_weather", "right"): 1.0,
+        ("polygym_weather", "wrong"): 0.0,
+    }
+    servers = {"weather": "single_agent_turn", "polygym_weather": "polygym_episodes"}
+    for (taskset, case), row in rollouts.items():
+        assert row["_ng_task_id"] == {"taskset": taskset, "task_id": case}
         assert (row["_ng_environment_server"], row["_ng_result_type"]) == (
-            "single_agent_turn",
+            servers[taskset],
             "single_agent_turn",
         )
         assert "agent_ref" not in row and row["response"]["output"]
+    assert rollouts["polygym_weather", "right"]["called_city"] == "SF"  # polygym's verifier's own field
     (failure,) = iter_jsonl(files.failures)
     assert failure["_ng_task_id"] == {"taskset": "weather", "task_id": "broken"}
     assert failure["_ng_failure_class"] == failure["error_class"] == "environment_server_failed"
     assert (failure["_ng_failure_stage"], failure["_ng_failure_terminal"]) == ("agent", False)
     assert failure["_ng_environment_server"] == "single_agent_turn" and "reward" not in failure
-    sent = list(iter_jsonl(files.materialized))
-    assert [row["_ng_environment_server"] for row in sent] == ["single_agent_turn"] * 3
-    (entry,) = json.loads(files.metrics.read_text())
-    assert entry["_ng_environment_server"] == "single_agent_turn"
-    assert entry["agent_metrics"]["mean/reward"] == 0.5 and entry["agent_metrics"]["num_failures"] == 1
+    sent = [row["_ng_environment_server"] for row in iter_jsonl(files.materialized)]
+    assert sent == [*["single_agent_turn"] * 2, *["polygym_episodes"] * 2, "single_agent_turn"]
+    entries = {entry["_ng_environment_server"]: entry for entry in json.loads(files.metrics.read_text())}
+    assert {name: entry["agent_metrics"]["mean/reward"] for name, entry in entries.items()} == {
+        "single_agent_turn": 0.5,
+        "polygym_episodes": 0.5,
+    }
+    assert entries["single_agent_turn"]["agent_metrics"]["num_failures"] == 1

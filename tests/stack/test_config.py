@@ -494,7 +494,10 @@ def test_a_nemo_gym_environment_server_is_a_server_and_routes_must_name_one(
     as NeMo Gym's servers are); ``environment_server_routes`` is used, and must name such a server;
     a folder of that kind that is not NeMo Gym's is refused, since polygym ships none."""
     root = project / "nemo_gym_root"
-    write(root / "environment_servers/single_agent_turn/app.py", "from nemo_gym import base_environment_server\n")
+    write(
+        root / "environment_servers/single_agent_turn/app.py",
+        "from nemo_gym import base_environment_server\n",
+    )
     monkeypatch.setenv(NEMO_GYM_ROOT_ENV_VAR, str(root))
     routes = "environment_server_routes:\n  weather: weather_episodes\n"
     write(project / "a.yaml", RESOURCES + MODEL + EPISODES + routes)
@@ -504,7 +507,9 @@ def test_a_nemo_gym_environment_server_is_a_server_and_routes_must_name_one(
     assert spec.directory == root / "environment_servers/single_agent_turn"
     assert config.by_kind("environment_servers") == [spec] and config.warnings == []
     assert config.globals["environment_server_routes"] == {"weather": "weather_episodes"}
-    write(project / "b.yaml", RESOURCES + MODEL + EPISODES + "environment_server_routes: {weather: weather}\n")
+    write(
+        project / "b.yaml", RESOURCES + MODEL + EPISODES + "environment_server_routes: {weather: weather}\n"
+    )
     with pytest.raises(ConfigError) as excinfo:
         load(["b.yaml"], env=[write(project / "env.yaml", ENV)])
     (problem,) = problems_of(excinfo)
