@@ -40,7 +40,6 @@ from polygym.suggest import closest
 MISSING = "???"
 COMMAND_LINE = "command line"
 CONFIG_PATHS = "config_paths"
-ENVIRONMENT_SERVERS = ENVIRONMENT_KIND
 LEGACY_RELAY = "legacy_agent"
 NEMO_GYM_SETTINGS = (catalog.NEMO_GYM_ROOT_KEY, PYTHON_KEY, PACKAGE_KEY, catalog.NEMO_GYM_FORK_KEY)
 """polygym's top-level keys for running NeMo Gym's servers (``stack.nemo_gym_server``); not
@@ -419,7 +418,7 @@ def _classify(stack: _Stack, raw: dict[str, Any]) -> tuple[list[_Entry], dict[st
     for name, value in raw.items():
         if not isinstance(value, dict):
             continue
-        if ENVIRONMENT_SERVERS in value:
+        if ENVIRONMENT_KIND in value:
             server = _check_environment_server(stack, str(name), value, raw)
             entries.extend([server] if server is not None else [])
             continue
@@ -453,7 +452,7 @@ def _check_environment_server(
     episode per ``/run``: it is a server of the stack, started as NeMo Gym's servers are
     (``stack.nemo_gym_server``); polygym ships none, so a folder that is not NeMo Gym's is refused.
     """
-    impls = value[ENVIRONMENT_SERVERS]
+    impls = value[ENVIRONMENT_KIND]
     impl = next(iter(impls), None) if isinstance(impls, dict) and len(impls) == 1 else None
     inner = impls.get(impl) if isinstance(impls, dict) and impl is not None else None
     target = inner.get("agent_server") if isinstance(inner, dict) else None
@@ -469,13 +468,13 @@ def _check_environment_server(
             if impl == LEGACY_RELAY
             else "a server instance holds exactly one server kind, found " + ", ".join(map(str, value))
         )
-        stack.problems.append(f"{name}: '{ENVIRONMENT_SERVERS}': {why} (from {stack.origin(name)})")
+        stack.problems.append(f"{name}: '{ENVIRONMENT_KIND}': {why} (from {stack.origin(name)})")
         return None
     entry = _check_implementation(stack, name, ENVIRONMENT_KIND, impls)
     if entry is None or entry.directory is None or _runs_nemo_gym(entry, raw):
         return entry
     stack.problems.append(
-        f"{name}: '{ENVIRONMENT_SERVERS}/{entry.implementation}' ({entry.directory}) is not NeMo Gym's: "
+        f"{name}: '{ENVIRONMENT_KIND}/{entry.implementation}' ({entry.directory}) is not NeMo Gym's: "
         f"polygym runs only NeMo Gym's environment servers (from {stack.origin(name)})"
     )
     return None

@@ -54,11 +54,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym import redact
-from polygym.kinds import AGENT_KIND
+from polygym.kinds import AGENT_KIND, ENVIRONMENT_KIND
 from polygym.net.replicas import slot_of
 from polygym.servers.base import HTTPError, JsonEndpoint, error_response, json_response
 from polygym.servers.inbound import InboundGuard
-from polygym.stack.config import ENVIRONMENT_SERVERS, LEGACY_RELAY
+from polygym.stack.config import LEGACY_RELAY
 
 REQUIRED_FIELDS = ("name", "kind", "implementation", "url")
 STACK_SECRET_HEADER = "x-polygym-stack-secret"
@@ -163,7 +163,7 @@ def fronted_agents(config: Mapping[str, Any]) -> set[str]:
     ``agent_server`` that leaves its type out."""
     names: set[str] = set()
     for block in config.values():
-        impls = block.get(ENVIRONMENT_SERVERS) if isinstance(block, Mapping) else None
+        impls = block.get(ENVIRONMENT_KIND) if isinstance(block, Mapping) else None
         for inner in impls.values() if isinstance(impls, Mapping) else ():
             for field, ref in inner.items() if isinstance(inner, Mapping) else ():
                 if _names_an_agent(field, ref):
@@ -202,7 +202,7 @@ def nemo_relays(
         address = urlsplit(str(entry["url"]))
         relay = {"agent_server": {"type": AGENT_KIND, "name": agent}}
         relays[name] = {
-            ENVIRONMENT_SERVERS: {LEGACY_RELAY: {**relay, "host": address.hostname, "port": address.port}}
+            ENVIRONMENT_KIND: {LEGACY_RELAY: {**relay, "host": address.hostname, "port": address.port}}
         }
     return relays
 

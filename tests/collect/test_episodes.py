@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -17,9 +18,10 @@ from polygym.collect.episodes import episode_record, episode_request
 from polygym.collect.health import env_of
 from polygym.collect.job_plan import Materialization
 from polygym.collect.rollouts import collect, run_call
-from polygym.collect.task_source import task_routes
+from polygym.collect.task_source import head_task_routes, task_routes
 from polygym.jsonl import write_jsonl
 from polygym.net.client import ServerClient
+from polygym.net.listen import AppServer, bind_socket
 from polygym.row import make_job
 
 TASK_ID = {"taskset": "weather", "task_id": "t1"}
@@ -137,3 +139,25 @@ async def test_collect_sends_episodes_and_files_typed_failures_with_their_termin
         assert failure["_ng_failure_terminal"] is terminal and failure["_ng_failure_stage"] == "seed"
         assert failure["_ng_environment_server"] == "episodes" and env_of(failure) == "episodes"
         assert failure["_ng_result_type"] == "single_agent_turn"
+
+
+async def test_a_nemo_gym_head_gives_its_routes_through_its_global_config() -> None:
+    """NeMo Gym's head serves no ``GET /config``: its ``/global_config_dict_yaml`` (YAML text as
+    a JSON string) gives the routes, so ``--no-serve`` against NeMo Gym's own stack routes tasksets."""
+
+    async def global_config(request: Request) -> JSONResponse:
+        return JSONResponse(yaml.safe_dump(CONFIG))
+
+    app = Starlette(routes=[Route("/global_config_dict_yaml", global_config, methods=["GET"])])
+    server = AppServer(app, bind_socket())
+    await server.start()
+    client = ServerClient(head_url=server.url, pool_size=2)
+    try:
+        routes = await head_task_routes(client)
+    finally:
+        await client.close()
+        await server.stop()
+    assert (routes.tasksets, routes.result_types) == (
+        {"weather": "episodes"},
+        {"episodes": "single_agent_turn"},
+    )
