@@ -77,3 +77,15 @@ def test_materialized_task_rows_get_their_envelope_checked_and_a_note(tmp_path: 
     report = validate_files([data], [ENVS[0]])
     assert report.problems == [f"{data}:2: task_id.task_id: must be a non-empty string"]
     assert report.rows == 2 and any(note.startswith("2 materialized task rows") for note in report.notes)
+
+
+def test_a_blend_refuses_materialized_task_rows_naming_the_line(tmp_path: Path) -> None:
+    """A blend sends every row of an environment to its agent; a task belongs to its taskset's server."""
+    task = {"task_id": {"taskset": "weather", "task_id": "t1"}, "task_input": {"task_data": {}}}
+    data = write(tmp_path / "tasks.jsonl", orjson.dumps(task).decode() + "\n")
+    spec = parse_spec(
+        {"environments": [{"name": ENVS[0], "train": str(data)}], "prompts_per_step": 1}, "inline", tmp_path
+    )
+    with pytest.raises(DatasetError) as info:
+        load_blend(spec)
+    assert info.value.problems[0].startswith(f"{data}:1: a materialized task row")

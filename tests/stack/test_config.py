@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from polygym.cli.stack_deaths import server_needs
 from polygym.stack import catalog
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
 from polygym.stack.config import (
@@ -507,6 +508,9 @@ def test_a_nemo_gym_environment_server_is_a_server_and_routes_must_name_one(
     assert spec.directory == root / "environment_servers/single_agent_turn"
     assert config.by_kind("environment_servers") == [spec] and config.warnings == []
     assert config.globals["environment_server_routes"] == {"weather": "weather_episodes"}
+    # a run stops an environment server's episodes when a server they go through dies
+    needs = server_needs(config)["weather_episodes"]
+    assert needs == {"weather_episodes", "weather", "weather_simple_agent", "policy_model"}
     write(
         project / "b.yaml", RESOURCES + MODEL + EPISODES + "environment_server_routes: {weather: weather}\n"
     )
