@@ -11,6 +11,13 @@ RESOURCES_KIND = "resources_servers"
 AGENT_KIND = "responses_api_agents"
 MODEL_KIND = "responses_api_models"
 SERVER_KINDS: tuple[str, ...] = (RESOURCES_KIND, AGENT_KIND, MODEL_KIND)
+ENVIRONMENT_KIND = "environment_servers"
+"""NeMo Gym 0.7's fourth kind: a server that runs one episode per ``/run`` (its ``single_agent_turn``
+drives an agent against a resources server). polygym ships none; it runs NeMo Gym's folders."""
+ENVIRONMENT_ROUTES = "environment_server_routes"
+"""NeMo Gym 0.7's top-level config map: materialized taskset -> the environment server running its rows."""
+FOLDER_KINDS: tuple[str, ...] = (*SERVER_KINDS, ENVIRONMENT_KIND)
+"""Every kind that names a tree of server folders (``<root>/<kind>/<name>/``)."""
 
 UPSTREAM_PROBE_TIMEOUT_S = 3.0
 """Seconds a start-up or ``GET /`` probe of a model server waits for its upstream: enough for a

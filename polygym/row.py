@@ -51,6 +51,15 @@ PASS_THRESHOLD = 1.0
 USAGE_FIELDS = ("input_tokens", "output_tokens", "total_tokens")
 NG_PERF = "ng_perf"
 """NeMo Gym 0.7's per-rollout performance record (latency, turns, tokens) on a rollout row."""
+TASK_ID = "task_id"
+TASK_INPUT = "task_input"
+"""A materialized task row (NeMo Gym 0.7) is ``{task_id: {taskset, task_id}, task_input: {...}}``."""
+ENVIRONMENT_SERVER = "_ng_environment_server"
+"""The environment server a materialized task row is routed to, stamped on the row and its result."""
+RESULT_TYPE = "_ng_result_type"
+"""The implementation of that environment server (``single_agent_turn``), stamped on the result."""
+NG_TASK_ID = "_ng_task_id"
+"""The episode's ``task_id`` as the environment server answered it, stamped on the result."""
 
 
 NG_FAILURE_PREFIX = "_ng_failure_"
@@ -73,6 +82,21 @@ def failure_class(record: Mapping[str, Any]) -> str:
 def carried(row: Mapping[str, Any]) -> dict[str, Any]:
     """The ``CARRIED_FIELDS`` of ``row`` that it has."""
     return {key: row[key] for key in CARRIED_FIELDS if key in row}
+
+
+def materialized_taskset(row: Mapping[str, Any]) -> str | None:
+    """The taskset of a materialized task row, as NeMo Gym 0.7 tells one apart: ``task_id`` is an
+    object and ``task_input`` is present (None for any other row, or a taskset that is no name)."""
+    task_id = row.get(TASK_ID)
+    if not isinstance(task_id, Mapping) or TASK_INPUT not in row:
+        return None
+    taskset = task_id.get("taskset")
+    return taskset if isinstance(taskset, str) and taskset else None
+
+
+def is_materialized(row: Mapping[str, Any]) -> bool:
+    """Whether a row has the materialized-task shape, valid or not (NeMo Gym's routing test)."""
+    return isinstance(row.get(TASK_ID), Mapping) and TASK_INPUT in row
 
 
 def env_label(env: str) -> str:
@@ -132,7 +156,12 @@ def make_job(
 
     ``sampling`` overrides the row's sampling fields (``--temperature``...); ``seed`` gives repeat
     ``r`` the request seed ``seed + r``, so repeats differ and a rerun reproduces each of them.
+    A materialized task row goes to the environment server ``agent`` as it is, stamped with that
+    server as NeMo Gym 0.7 stamps it (it has no ``responses_create_params`` of its own to change).
     """
+    if is_materialized(data):
+        episode = {**data, ENVIRONMENT_SERVER: agent, TASK_INDEX: task, ROLLOUT_INDEX: rollout}
+        return Job(agent, task, rollout, episode)
     params = {**data["responses_create_params"], **(sampling or {})}
     if seed is not None:
         params["seed"] = seed + rollout

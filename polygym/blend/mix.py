@@ -26,6 +26,7 @@ from polygym.blend.spec import BlendSpec, BlendSpecError, EnvironmentSpec
 from polygym.blend.validate import check_verifier_fields, verifier_for
 from polygym.collect.dataset import DatasetError, Row, check_row, read_rows
 from polygym.kinds import AGENT_KIND
+from polygym.row import is_materialized
 from polygym.stack.config import ConfigError
 from polygym.stack.environment import (
     Environment,
@@ -38,6 +39,11 @@ from polygym.suggest import unknown_name_message
 
 Order = Literal["concat", "shuffled", "steps"]
 ORDERS: tuple[str, ...] = ("concat", "shuffled", "steps")
+
+TASKS_NOT_BLENDED = (
+    "a materialized task row (task_id + task_input) goes to the environment server its taskset "
+    "routes to, which a blend environment (an agent) is not: collect it with gym eval run"
+)
 
 
 @dataclass
@@ -203,6 +209,9 @@ def load_blend(spec: BlendSpec, split: Split = "train", check_verifiers: bool = 
             problems.append(f"{spec.source}: environments ({env.name}): eval_only but no validation rows")
         for path in [] if watched else env.files(split):
             for row in read_rows(path, problems):
+                if is_materialized(row.data):
+                    problems.append(f"{row.where}: {TASKS_NOT_BLENDED}")
+                    continue
                 check_row(row, problems)
                 if verifier is not None:
                     check_verifier_fields(row, verifier, problems)

@@ -27,6 +27,7 @@ from polygym.collect.dataset import Row, agent_of, check_row, file_problem, read
 from polygym.collect.sampling import SAMPLING_FIELDS
 from polygym.collect.task_source import TASK_SOURCE, TaskRoutes, task_routes
 from polygym.kinds import RESOURCES_KIND
+from polygym.row import is_materialized
 from polygym.servers.base import body_model
 from polygym.stack.catalog import list_implementations
 from polygym.stack.config import ConfigError
@@ -195,7 +196,7 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
     verifiers: dict[str, Verifier] = {}
     stats: dict[str, EnvStats] = {}
     notes: list[str] = []
-    total = 0
+    total = tasks = 0
     for path in paths:
         unreadable = file_problem(path)
         if unreadable is not None:
@@ -207,6 +208,9 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
         for row in rows:
             total += 1
             check_row(row, problems)
+            if is_materialized(row.data):
+                tasks += 1  # routed by the taskset of the stack that runs it, not an environment here
+                continue
             routed = row.data.get("agent_ref") is not None or row.data.get(TASK_SOURCE) is not None
             if not routed and default_agent is None:
                 problems.append(
@@ -225,4 +229,9 @@ def validate_files(paths: Sequence[Path], envs: Sequence[str] = ()) -> Validatio
                     notes.append(str(verifiers[agent].note))
             check_verifier_fields(row, verifiers[agent], problems)
             stats.setdefault(agent, EnvStats(env.name, agent)).add(row.data)
+    if tasks:
+        notes.append(
+            f"{tasks} materialized task rows (task_id + task_input): their envelope was checked; the "
+            "environment server their taskset routes to checks their task_input when it runs"
+        )
     return ValidationReport(problems, list(stats.values()), total, notes)

@@ -311,15 +311,16 @@ def _load(settings: EvalRunSettings, agents: list[str], routes: TaskRoutes | Non
         plan = load_jobs(settings.input_path, agents, default_agent, settings.limit, materialization, routes)
     except DatasetError as exc:
         fail(str(exc), EXIT_USAGE)
+    targets = [*agents, *plan.result_types]  # agents, and the environment servers of materialized rows
     for agent in sorted(plan.agents() | set(materialization.repeats_by_agent)):
-        if agent not in agents:
-            fail(unknown_name_message("agent", agent, agents), EXIT_USAGE)
+        if agent not in targets:
+            fail(unknown_name_message("agent", agent, targets), EXIT_USAGE)
     return plan
 
 
 async def _task_routes(target: StackTarget, session: StackSession) -> TaskRoutes:
-    """Where rows with a ``task_source`` and no ``agent_ref`` go: from the config this run starts,
-    or from the joined stack's head."""
+    """Where rows with a ``task_source`` and no ``agent_ref`` go, and materialized task rows: from
+    the config this run starts, or from the joined stack's head."""
     if target.config is not None:
         return task_routes(target.config.to_dict())
     assert session.client is not None

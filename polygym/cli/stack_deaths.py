@@ -19,7 +19,7 @@ from rich.markup import escape
 from polygym.cli.base import EXIT_FAILURE, console
 from polygym.collect.eval_run import RunSummary
 from polygym.collect.stack_watch import SERVER_DIED, Death, StackHealth
-from polygym.kinds import AGENT_KIND
+from polygym.kinds import AGENT_KIND, ENVIRONMENT_KIND
 from polygym.stack.backend import ReplicatedBackend, ServerFailure
 
 if TYPE_CHECKING:
@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 
 
 def server_needs(config: StackConfig) -> dict[str, set[str]]:
-    """Agent -> every server its rollouts go through: its references, followed transitively."""
+    """Agent (or environment server, for episodes) -> every server its rollouts go through: its
+    references, followed transitively."""
     needs: dict[str, set[str]] = {}
-    for agent in config.by_kind(AGENT_KIND):
+    for agent in [*config.by_kind(AGENT_KIND), *config.by_kind(ENVIRONMENT_KIND)]:
         seen = {agent.name}
         todo = [agent.name]
         while todo:

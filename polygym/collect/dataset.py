@@ -20,7 +20,8 @@ from polygym.collect.sampling import sampling_problems
 from polygym.collect.task_source import TASK_SOURCE, TaskRoutes
 from polygym.errors import DatasetError
 from polygym.jsonl import numbered_lines
-from polygym.kinds import AGENT_KIND
+from polygym.kinds import AGENT_KIND, ENVIRONMENT_ROUTES
+from polygym.row import TASK_ID, TASK_INPUT, is_materialized, materialized_taskset
 from polygym.suggest import unknown_name_message
 
 INPUT_ITEM_KEYS = ("role", "type")
@@ -100,8 +101,22 @@ def _check_tools(where: str, value: Any, problems: list[str]) -> None:
             problems.append(f"{where}: responses_create_params.tools[{i}]: must be an object with a 'name'")
 
 
+def check_task(row: Row, problems: list[str]) -> None:
+    """A materialized task's envelope (NeMo Gym's ``TaskId`` and an object of task input); what the
+    input holds is the environment server's to check when it runs."""
+    task_id = row.data[TASK_ID]
+    for key in ("taskset", "task_id"):
+        if not isinstance(task_id.get(key), str) or not task_id[key]:
+            problems.append(f"{row.where}: {TASK_ID}.{key}: must be a non-empty string")
+    if not isinstance(row.data[TASK_INPUT], dict):
+        problems.append(f"{row.where}: {TASK_INPUT}: must be an object")
+
+
 def check_row(row: Row, problems: list[str]) -> None:
     """Shape checks every agent relies on; environment-specific fields are checked by verify."""
+    if is_materialized(row.data):
+        check_task(row, problems)
+        return
     params = row.data.get("responses_create_params")
     if params is None:
         problems.append(f"{row.where}: responses_create_params: missing")
@@ -127,7 +142,10 @@ def agent_of(
     routes: TaskRoutes | None = None,
 ) -> str | None:
     """The agent a row is routed to: its ``agent_ref`` name, else the agent its ``task_source``
-    resolves to in the running config (``routes``; NeMo Gym's newer rows), else the default agent."""
+    resolves to in the running config (``routes``; NeMo Gym's newer rows), else the default agent.
+    A materialized task row goes to the environment server its taskset routes to instead."""
+    if is_materialized(row.data):
+        return environment_server_of(row, routes, problems)
     known = set(agents)
     ref = row.data.get("agent_ref")
     source = row.data.get(TASK_SOURCE)
@@ -161,6 +179,18 @@ def agent_of(
     return ref["name"]
 
 
+def environment_server_of(row: Row, routes: TaskRoutes | None, problems: list[str]) -> str | None:
+    """The environment server of a materialized task row: ``environment_server_routes[taskset]``."""
+    taskset = materialized_taskset(row.data)
+    if taskset is None:
+        return None  # check_task named the problem
+    server = routes.tasksets.get(taskset) if routes is not None else None
+    if server is None:
+        why = routes.why_no_route(taskset) if routes is not None else f"no {ENVIRONMENT_ROUTES}"
+        problems.append(f"{row.where}: {TASK_ID}.taskset {taskset!r}: cannot route: {why}")
+    return server
+
+
 def load_jobs(
     path: Path,
     agents: Iterable[str],
@@ -175,13 +205,22 @@ def load_jobs(
     known = list(agents)
     rows = read_rows(path, problems, limit)
     routed: list[tuple[dict[str, Any], str]] = []
+    options = options or Materialization()
     for row in rows:
         check_row(row, problems)
         agent = agent_of(row, default_agent, known, problems, routes)
         if agent is not None:
             routed.append((row.data, agent))
+    tasks = [row for row in rows if is_materialized(row.data)]
+    if tasks and (options.sampling or options.seed is not None):
+        problems.append(
+            f"{tasks[0].where}: materialized task rows take no sampling overrides nor --seed "
+            "(their task_input is the environment server's; NeMo Gym refuses them too)"
+        )
     if not rows and not problems:
         problems.append(f"{path}: no rows")
     if problems:
         raise DatasetError(problems)
-    return JobPlan.from_rows(routed, options or Materialization())
+    plan = JobPlan.from_rows(routed, options)
+    plan.result_types = dict(routes.result_types) if routes is not None else {}
+    return plan

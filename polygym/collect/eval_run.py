@@ -22,7 +22,7 @@ from polygym import metrics
 from polygym.collect.health import Finding, HealthMonitor, env_of
 from polygym.collect.job_plan import JobPlan
 from polygym.collect.progress import Progress
-from polygym.collect.rollouts import Limits, Result, collect
+from polygym.collect.rollouts import Limits, Result, collect, run_call
 from polygym.collect.run_files import RolloutWriter, RunFiles, finished_keys, prepare
 from polygym.collect.run_lock import RunLock
 from polygym.collect.run_stack import check_stack, read_identity
@@ -30,7 +30,7 @@ from polygym.collect.stack_watch import StackHealth
 from polygym.jsonl import JsonlAppender, count_rows, iter_jsonl
 from polygym.kinds import AGENT_KIND
 from polygym.net.client import ServerCallError, ServerClient
-from polygym.row import ATTEMPT_INDEX, NG_PERF, ROLLOUT_INDEX, TASK_INDEX, Job
+from polygym.row import ATTEMPT_INDEX, ENVIRONMENT_SERVER, NG_PERF, ROLLOUT_INDEX, TASK_INDEX, Job
 
 REDUCED_SCALARS = (str, int, float, bool, type(None))
 
@@ -90,8 +90,12 @@ class MetricsInputs:
         self._files = ExitStack()
         self.rollouts: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
+        self.environment_servers: set[str] = set()
+        """The keys that are environment servers (episodes), not agents."""
 
     def rollout(self, agent: str, rollout: dict[str, Any]) -> None:
+        if ENVIRONMENT_SERVER in rollout:
+            self.environment_servers.add(agent)
         spool = self._spools.get(agent)
         if spool is None:
             spool = tempfile.SpooledTemporaryFile(self.SPOOL_IN_MEMORY)  # noqa: SIM115 (closed by close)
@@ -103,7 +107,9 @@ class MetricsInputs:
         spool.write(orjson.dumps(reduce_rollout(rollout)))
         self.rollouts[agent] += 1
 
-    def failure(self, agent: str) -> None:
+    def failure(self, agent: str, failure: dict[str, Any]) -> None:
+        if ENVIRONMENT_SERVER in failure:
+            self.environment_servers.add(agent)
         self.failures[agent] += 1
 
     def agents(self) -> list[str]:
@@ -130,7 +136,7 @@ class MetricsInputs:
             inputs.rollout(env_of(rollout), rollout)
             health.observe(rollout)
         for failure in iter_jsonl(files.failures):
-            inputs.failure(env_of(failure))
+            inputs.failure(env_of(failure), failure)
             health.observe_failure(failure)
         return inputs
 
@@ -202,7 +208,10 @@ async def write_aggregate_metrics(
             block["agent_metrics"].update(latency_metrics(summary.latencies.get(agent, ())))
             block["agent_metrics"].update(health.metrics(agent, late))
             block["key_metrics"]["num_failures"] = failed
-            entries.append({"agent_ref": {"type": AGENT_KIND, "name": agent}, **block})
+            entry = {"agent_ref": {"type": AGENT_KIND, "name": agent}, **block}
+            if agent in inputs.environment_servers:  # NeMo Gym 0.7 names the server of each entry
+                entry[ENVIRONMENT_SERVER] = agent
+            entries.append(entry)
     finally:
         inputs.close()
     files.metrics.write_bytes(orjson.dumps(entries, option=orjson.OPT_INDENT_2))
@@ -250,7 +259,8 @@ async def run_eval(
             written = count_rows(files.materialized) if resume else 0
             todo = _dispatch(plan, done, inputs, written, failed)
             try:
-                async for result in collect(todo, client, limits, health, summary.health):
+                call = run_call(client, plan.result_types)
+                async for result in collect(todo, client, limits, health, summary.health, call):
                     _record(result, writer, summary, live)
                     progress.update(result)
             except BaseException:
@@ -309,7 +319,7 @@ def _record(
         assert result.failure is not None
         writer.failure(result.failure)
         if live is not None:
-            live.failure(env_of(result.failure))
+            live.failure(env_of(result.failure), result.failure)
         summary.health.observe_failure(result.failure)
         summary.failed += 1
         summary.failures_by_class[result.failure["error_class"]] += 1

@@ -25,7 +25,7 @@ import orjson
 from polygym.collect.stack_watch import SERVER_DIED
 from polygym.items import item_text
 from polygym.json_schema import validation_errors
-from polygym.row import PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward
+from polygym.row import ENVIRONMENT_SERVER, PASS_THRESHOLD, ROLLOUT_INDEX, TASK_INDEX, reward
 
 MODEL_ITEMS = frozenset({"message", "function_call", "reasoning"})
 """Output item types the model writes (``function_call_output`` is the environment's)."""
@@ -68,7 +68,11 @@ class Finding:
 
 
 def env_of(row: Mapping[str, Any]) -> str:
-    """The environment a rollout or failure belongs to: its agent's name."""
+    """The environment a rollout or failure belongs to: the environment server stamped on it (an
+    episode's, grouped by that server as NeMo Gym 0.7's ``rollout_run_key`` does), else its agent."""
+    server = row.get(ENVIRONMENT_SERVER)
+    if isinstance(server, str):
+        return server
     ref = row.get("agent_ref")
     return str(ref.get("name", "?")) if isinstance(ref, dict) else "?"
 

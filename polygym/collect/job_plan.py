@@ -81,6 +81,8 @@ class JobPlan:
         self.sampling = dict(sampling or {})
         self.seed = seed
         self.interleave = interleave
+        self.result_types: dict[str, str] = {}
+        """The environment servers its materialized task rows go to -> their implementations."""
         self._tasks: dict[int, tuple[str, int]] = {}
         for row in rows:
             agent, rollouts = self._tasks.get(row.task, (row.agent, 0))

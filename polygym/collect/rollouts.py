@@ -30,6 +30,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from polygym.collect.episodes import EPISODE_STAMPS, episode_record, episode_request
 from polygym.collect.health import QUARANTINED, HealthMonitor
 from polygym.collect.perf_record import with_perf_record
 from polygym.collect.stack_watch import SERVER_DIED, StackHealth
@@ -38,6 +39,7 @@ from polygym.net import failure
 from polygym.net.client import ServerCallError, ServerClient
 from polygym.net.retry import RetryPolicy
 from polygym.row import (
+    ENVIRONMENT_SERVER,
     NG_FAILURE_CLASS,
     NG_FAILURE_HTTP_STATUS,
     NG_FAILURE_MESSAGE,
@@ -135,11 +137,19 @@ def typed_failure(result: dict[str, Any]) -> tuple[str, str] | None:
     return str(kind), str(message)
 
 
+def routed_to(job: Job) -> dict[str, Any]:
+    """Who ran the job, as its records say it: the environment server a materialized task row was
+    stamped with (such a row names no agent, as in NeMo Gym), else its agent."""
+    if ENVIRONMENT_SERVER in job.row:
+        return {ENVIRONMENT_SERVER: job.agent}
+    return {"agent_ref": {"type": AGENT_KIND, "name": job.agent}}
+
+
 def failure_record(job: Job, error_class: str, message: str, latency_s: float) -> dict[str, Any]:
     """A ``_failures.jsonl`` line: enough to find the row, see what broke, and rerun it."""
     return {
         **carried(job.row),
-        "agent_ref": {"type": AGENT_KIND, "name": job.agent},
+        **routed_to(job),
         TASK_INDEX: job.task_index,
         ROLLOUT_INDEX: job.rollout_index,
         "error_class": error_class,
@@ -156,13 +166,20 @@ JobCall = Callable[[Job, float, RetryPolicy], Awaitable[Any]]
 which must be a result with a ``reward``. Raising ``ServerCallError`` (or anything) fails the job."""
 
 
-def run_call(client: ServerClient) -> JobCall:
-    """A job as a rollout: POST the row to its agent's ``/run``; the rollout gets its ``ng_perf``."""
+def run_call(client: ServerClient, result_types: dict[str, str] | None = None) -> JobCall:
+    """A job as a rollout: POST the row to its agent's ``/run``; the rollout gets its ``ng_perf``.
+    A materialized task row goes to its environment server's ``/run`` as an episode
+    (``collect.episodes``), its reply stamped with that server's implementation (``result_types``)."""
+    types = result_types or {}
 
     async def call(job: Job, timeout_s: float, retry: RetryPolicy) -> Any:
         began = time.perf_counter()
-        reply = await client.call(job.agent, "/run", job.row, timeout_s=timeout_s, retry=retry)
-        return with_perf_record(reply.json(), time.perf_counter() - began)
+        episode = ENVIRONMENT_SERVER in job.row
+        body = episode_request(job.row) if episode else job.row
+        reply = (await client.call(job.agent, "/run", body, timeout_s=timeout_s, retry=retry)).json()
+        if episode:
+            reply = episode_record(reply, job.agent, types.get(job.agent))
+        return with_perf_record(reply, time.perf_counter() - began)
 
     return call
 
@@ -208,7 +225,7 @@ class _Runner:
         try:
             async with asyncio.timeout(timeout_s):
                 rollout = await self.call(job, timeout_s, retry)
-            if not isinstance(rollout, dict) or "reward" not in rollout:
+            if not isinstance(rollout, dict) or ("reward" not in rollout and typed_failure(rollout) is None):
                 raise ValueError(f"'{job.agent}' returned no reward: {str(rollout)[:300]}")
         except TimeoutError:
             return self._failed(job, began, TIMEOUT_CLASS, f"no result within {timeout_s:g}s; cancelled")
@@ -222,7 +239,8 @@ class _Runner:
         if (typed := typed_failure(rollout)) is not None:
             result = self._failed(job, began, *typed)
             assert result.failure is not None
-            result.failure.update({k: v for k, v in rollout.items() if k.startswith(NG_FAILURE_PREFIX)})
+            kept = (k for k in rollout if k.startswith(NG_FAILURE_PREFIX) or k in EPISODE_STAMPS)
+            result.failure.update({k: rollout[k] for k in kept})
             return result
         rollout.update(carried(job.row))
         rollout[TASK_INDEX] = job.task_index

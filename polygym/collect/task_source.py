@@ -10,9 +10,11 @@ collector resolves the agent from the running config. The rule is NeMo Gym 0.7.0
    which must reference it; two different pins are an error (the row cannot tell them apart);
 3. else to the one agent whose ``resources_server`` is it; none or several is an error.
 
-A row with an ``agent_ref`` keeps it (``task_source`` is then ignored), as in NeMo Gym. NeMo
-Gym's taskset routes (``environment_server_routes``) are not resolved: polygym runs no environment
-server but the ``legacy_agent`` relay, so such a row is refused by name.
+A row with an ``agent_ref`` keeps it (``task_source`` is then ignored), as in NeMo Gym.
+
+A materialized task row (``task_id.taskset`` and ``task_input``) is routed by its taskset instead,
+whatever else it carries: ``environment_server_routes[taskset]`` names the environment server that
+runs it (NeMo Gym 0.7's ``_environment_server_for_config_row``); ``collect.episodes`` speaks to it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from polygym.kinds import AGENT_KIND, RESOURCES_KIND
+from polygym.kinds import AGENT_KIND, ENVIRONMENT_KIND, ENVIRONMENT_ROUTES, RESOURCES_KIND
 from polygym.net.client import ServerCallError, ServerClient
 
 TASK_SOURCE = "task_source"
@@ -35,9 +37,20 @@ class TaskRoutes:
     refused: dict[str, str] = field(default_factory=dict)
     unreadable: str | None = None
     """Why the running config could not be read (a head that serves no ``GET /config``)."""
+    tasksets: dict[str, str] = field(default_factory=dict)
+    """Materialized taskset -> the environment server that runs its rows (``environment_server_routes``)."""
+    result_types: dict[str, str] = field(default_factory=dict)
+    """Environment server -> its implementation, stamped on its results as ``_ng_result_type``."""
 
     def agent_for(self, task_source: str) -> str | None:
         return self.agents.get(task_source)
+
+    def why_no_route(self, taskset: str) -> str:
+        """Why a taskset's rows cannot run: the unreadable config, or the routes there are."""
+        if self.unreadable:
+            return self.unreadable
+        known = ", ".join(f"{name} -> {server}" for name, server in sorted(self.tasksets.items()))
+        return f"no {ENVIRONMENT_ROUTES} entry names it (routes: {known or 'none'})"
 
     def why_not(self, task_source: str) -> str:
         return self.unreadable or self.refused.get(task_source, "not a server instance of the running config")
@@ -72,6 +85,13 @@ def task_routes(config: Mapping[str, Any]) -> TaskRoutes:
             referencing.setdefault(ref["name"], []).append(str(name))
     routes = TaskRoutes()
     for name, block in config.items():
+        impls = block.get(ENVIRONMENT_KIND) if isinstance(block, Mapping) else None
+        if isinstance(impls, Mapping) and len(impls) == 1:
+            routes.result_types[str(name)] = str(next(iter(impls)))
+    declared = config.get(ENVIRONMENT_ROUTES)
+    if isinstance(declared, Mapping):
+        routes.tasksets = {str(k): str(v) for k, v in declared.items() if str(v) in routes.result_types}
+    for name, block in config.items():
         if _inner(block, AGENT_KIND) is not None:
             routes.agents[str(name)] = str(name)
             continue
@@ -96,14 +116,33 @@ def task_routes(config: Mapping[str, Any]) -> TaskRoutes:
 
 
 async def head_task_routes(client: ServerClient) -> TaskRoutes:
-    """The routes of a joined stack, from its head's ``GET /config`` (secrets masked there)."""
+    """The routes of a joined stack, from its head's config (secrets masked there): polygym's
+    ``GET /config``, else NeMo Gym's ``GET /global_config_dict_yaml`` (YAML text as a JSON string),
+    so rows reach the servers of NeMo Gym's own stack by the same rules."""
+    if client.head_url is None:
+        return TaskRoutes(unreadable="the stack's config is not readable (no head server)")
     try:
-        if client.head_url is None:
-            raise ServerCallError("head", "no head server")
-        reply = await client.request_url("GET", f"{client.head_url}/config", timeout_s=30.0)
-        config = reply.json() if reply.status == 200 else None
+        config = await _head_config(client, client.head_url)
     except (ServerCallError, ValueError) as exc:
         return TaskRoutes(unreadable=f"the stack's config is not readable ({exc})")
     if not isinstance(config, dict):
-        return TaskRoutes(unreadable="the head server does not serve its config (GET /config)")
+        why = "the head server serves no config (GET /config, GET /global_config_dict_yaml)"
+        return TaskRoutes(unreadable=why)
     return task_routes(config)
+
+
+async def _head_config(client: ServerClient, head_url: str) -> Any:
+    """The head's config as data, or None; raises ``ValueError`` for a body that does not parse."""
+    reply = await client.request_url("GET", f"{head_url}/config", timeout_s=30.0)
+    if reply.status == 200:
+        return reply.json()
+    reply = await client.request_url("GET", f"{head_url}/global_config_dict_yaml", timeout_s=30.0)
+    text = reply.json() if reply.status == 200 else None
+    if not isinstance(text, str):
+        return None
+    import yaml  # only against NeMo Gym's head: polygym's own run never pays for the import
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"its /global_config_dict_yaml does not parse: {exc}") from None

@@ -23,6 +23,9 @@ Guarantees a handler cannot give itself:
   watched; on ``http.disconnect`` before the response is complete the task is cancelled, so the
   agent's ``finally`` releases the session and no further model or tool call starts.
 
+A path under NeMo Gym's rollout prefix (``/ng-rollout/<id>/v1/responses``) is served as the route
+it ends with (``polygym.servers.rollout_path``).
+
 It also counts the requests in flight (``InFlight``), which a server reports on ``GET /`` so that
 ``gym env status`` shows the load of every replica.
 
@@ -43,6 +46,7 @@ from types import TracebackType
 from polygym.net.asgi_transport import ASGIApp, Message, Receive, Scope, Send
 from polygym.net.body_limit import DEFAULT_MAX_BODY_BYTES
 from polygym.servers.cross_site import CrossSitePolicy, Refusal
+from polygym.servers.rollout_path import without_rollout_prefix
 
 PROMPT_PATHS = frozenset({"/v1/responses", "/v1/chat/completions", "/v1/messages", "/run"})
 """Routes that take one conversation or one row: far smaller than a batch of rollouts."""
@@ -116,6 +120,7 @@ class InboundGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope = without_rollout_prefix(scope)
         body, refusal = b"", self.cross_site.refusal(scope)
         if refusal is None:
             body, refusal = await self._bounded_body(scope, receive)

@@ -23,7 +23,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -39,9 +39,11 @@ from polygym.servers.base import (
     body_model,
     json_endpoint,
     json_response,
+    validation_message,
     with_cookies,
 )
 from polygym.servers.cpu_pool import CpuPool
+from polygym.servers.episode_sessions import EpisodeSessions, TypedSeed, typed_seed
 from polygym.servers.extras import require_extra
 from polygym.servers.sessions import SESSION_COOKIE, Session, SessionStore
 
@@ -142,6 +144,9 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
         self._verify_wants_session = "session" in inspect.signature(self.verify).parameters
         self._cpu_pool: CpuPool | None = None
         self._mcp = _mcp_bridge(self) if self.config.expose_tools_over_mcp else None
+        self._seed_model = body_model(type(self).seed_session) or SeedSessionRequest
+        self.episodes = EpisodeSessions()
+        """The sessions NeMo Gym's environment servers named in a typed seed (``episode_sessions``)."""
 
     @property
     def cpu_pool(self) -> CpuPool:
@@ -200,9 +205,8 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
     def routes(self) -> list[Route]:
         routes = super().routes()
         verify_model = body_model(type(self).verify) or VerifyRequest
-        seed_model = body_model(type(self).seed_session) or SeedSessionRequest
         routes += [
-            Route("/seed_session", json_endpoint(self._seed, seed_model), methods=["POST"]),
+            Route("/seed_session", json_endpoint(self._seed_request), methods=["POST"]),
             Route("/verify", json_endpoint(self._verify, verify_model), methods=["POST"]),
             Route("/end_session", json_endpoint(self._end_session), methods=["POST"]),
             Route("/close_session", json_endpoint(self._close_session), methods=["POST"]),
@@ -274,7 +278,22 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
             return with_cookies(result, {SESSION_COOKIE: new_session})
         return SetCookies(result if result is not None else {}, {SESSION_COOKIE: new_session})
 
-    async def _seed(self, body: SeedSessionRequest, request: Request) -> Any:
+    async def _seed_request(self, body: Any, request: Request) -> Any:
+        """A seed from an agent (the dataset row), or NeMo Gym's typed seed from an environment
+        server, whose ``task_data`` is that row; either way the row is checked by the seed's model."""
+        try:
+            typed = typed_seed(body)
+            row = self._seed_model.model_validate(typed.task_data if typed is not None else body)
+        except ValidationError as exc:
+            raise HTTPError(422, validation_message(exc), "validation_error") from None
+        except ValueError as exc:
+            raise HTTPError(422, str(exc), "validation_error") from None
+        if typed is not None:
+            return await self._typed_seed(typed, row, request)
+        _, result = await self._seed(row, request)
+        return self._with_cookie(request, result)
+
+    async def _seed(self, body: Any, request: Request) -> tuple[Session, Any]:
         session = self.sessions.create()
         request.state.new_session = session.id
         try:
@@ -282,7 +301,30 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
         except BaseException:
             self.sessions.release(session.id)  # no cookie goes out, so nobody could release it later
             raise
-        return self._with_cookie(request, result)
+        return session, result
+
+    async def _typed_seed(self, typed: TypedSeed, row: Any, request: Request) -> Any:
+        """NeMo Gym's answer to a typed seed: the session's name (and, with MCP, where the tools
+        are), never the environment's own seed result, which its model forbids; a repeated seed
+        gets the session it opened (``EpisodeSessions``)."""
+        try:
+            session_id = self.episodes.existing(typed)
+        except ValueError as exc:
+            raise HTTPError(409, str(exc), "session_conflict") from None
+        if session_id is None:
+            session, _ = await self._seed(row, request)
+            session_id = session.id
+            self.episodes.bind(typed, session_id)
+        reply: dict[str, Any] = {"resources_session_id": typed.resources_session_id}
+        if self._mcp is not None:
+            cookie = {"Cookie": f"{SESSION_COOKIE}={session_id}"}
+            reply["resources_tools"] = {
+                "server_name": self.name,
+                "url_path": "/mcp",
+                "transport": "http",
+                "headers": cookie,
+            }
+        return SetCookies(reply, {SESSION_COOKIE: session_id})
 
     async def _verify(self, body: VerifyRequest, request: Request) -> Any:
         """Verify within the rollout's session (a cookie-less call uses a throwaway one), then end it."""
@@ -310,7 +352,12 @@ class ResourcesServer(BaseServer[ResourcesConfigT]):
         released. A close always succeeds, as NeMo Gym requires: afterwards no session is open."""
         await self._end_session(body, request)
         named = body.get("resources_session_id") if isinstance(body, dict) else None
-        return {"resources_session_id": named} if isinstance(named, str) else {"closed": True}
+        if not isinstance(named, str):
+            return {"closed": True}
+        session_id = self.episodes.close(named)  # also when the cookie was lost with a seed's reply
+        if session_id is not None:
+            self.sessions.end(session_id)
+        return {"resources_session_id": named}
 
     async def _aggregate(self, body: AggregateMetricsRequest, request: Request) -> dict[str, Any]:
         return metrics.nemo_shape(self.aggregate_metrics(body.all_rollouts()))

@@ -33,7 +33,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from polygym.errors import ConfigError
-from polygym.kinds import SERVER_KINDS
+from polygym.kinds import FOLDER_KINDS
 from polygym.suggest import closest
 
 NEMO_GYM_ROOT_ENV_VAR = "POLYGYM_NEMO_GYM_ROOT"
@@ -119,14 +119,14 @@ def _is_implementation_name(name: str) -> bool:
 def tree_root(path: Path) -> Path | None:
     """The root of the server tree that holds ``path`` (``<root>/<kind>/<name>[/<variant>]/...``)."""
     for parent in path.resolve().parents:
-        if parent.name in SERVER_KINDS:
+        if parent.name in FOLDER_KINDS:
             return parent.parent
     return None
 
 
 def _check_kind(kind: str) -> None:
-    if kind not in SERVER_KINDS:
-        raise ConfigError([describe_unknown("server kind", kind, SERVER_KINDS)])
+    if kind not in FOLDER_KINDS:
+        raise ConfigError([describe_unknown("server kind", kind, FOLDER_KINDS)])
 
 
 def describe_unknown(what: str, name: str, known: Iterable[str], origin: str | None = None) -> str:

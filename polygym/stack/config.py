@@ -29,7 +29,7 @@ from omegaconf.errors import (
 
 from polygym import redact
 from polygym.errors import ConfigError
-from polygym.kinds import AGENT_KIND, SERVER_KINDS
+from polygym.kinds import AGENT_KIND, ENVIRONMENT_KIND, ENVIRONMENT_ROUTES, FOLDER_KINDS, SERVER_KINDS
 from polygym.stack import bounded_yaml, catalog
 from polygym.stack.catalog import describe_unknown
 from polygym.stack.directives import apply_directives
@@ -40,7 +40,6 @@ from polygym.suggest import closest
 MISSING = "???"
 COMMAND_LINE = "command line"
 CONFIG_PATHS = "config_paths"
-ENVIRONMENT_SERVERS = "environment_servers"
 LEGACY_RELAY = "legacy_agent"
 NEMO_GYM_SETTINGS = (catalog.NEMO_GYM_ROOT_KEY, PYTHON_KEY, PACKAGE_KEY, catalog.NEMO_GYM_FORK_KEY)
 """polygym's top-level keys for running NeMo Gym's servers (``stack.nemo_gym_server``); not
@@ -83,8 +82,8 @@ class StackConfig:
 
     def by_kind(self, kind: str) -> list[ServerSpec]:
         """Servers of one kind, in file order."""
-        if kind not in SERVER_KINDS:
-            raise ValueError(describe_unknown("server kind", kind, SERVER_KINDS))
+        if kind not in FOLDER_KINDS:
+            raise ValueError(describe_unknown("server kind", kind, FOLDER_KINDS))
         return [spec for spec in self.servers.values() if spec.kind == kind]
 
     def to_dict(self, mask_secrets: bool = True) -> dict[str, Any]:
@@ -419,8 +418,9 @@ def _classify(stack: _Stack, raw: dict[str, Any]) -> tuple[list[_Entry], dict[st
     for name, value in raw.items():
         if not isinstance(value, dict):
             continue
-        if ENVIRONMENT_SERVERS in value:
-            _check_environment_server(stack, str(name), value, raw)
+        if ENVIRONMENT_KIND in value:
+            server = _check_environment_server(stack, str(name), value, raw)
+            entries.extend([server] if server is not None else [])
             continue
         kinds = [key for key in value if key in SERVER_KINDS]
         if not kinds:
@@ -441,14 +441,18 @@ def _classify(stack: _Stack, raw: dict[str, Any]) -> tuple[list[_Entry], dict[st
     return entries, instances
 
 
-def _check_environment_server(stack: _Stack, name: str, value: dict[Any, Any], raw: dict[str, Any]) -> None:
-    """NeMo Gym 0.7's ``environment_servers``: only the ``legacy_agent`` relay is understood.
+def _check_environment_server(
+    stack: _Stack, name: str, value: dict[Any, Any], raw: dict[str, Any]
+) -> _Entry | None:
+    """NeMo Gym 0.7's ``environment_servers``: its ``legacy_agent`` relay, or one of its own servers.
 
-    That relay forwards each rollout to one agent unchanged, which is what polygym does without it
+    The relay forwards each rollout to one agent unchanged, which is what polygym does without it
     (rows reach their agent directly), so it is recorded in ``StackConfig.relays`` and not started.
-    Any other environment server runs episodes polygym's agents do not, so it is refused by name.
+    Any other environment server (``single_agent_turn``, ...) is a NeMo Gym folder that runs one
+    episode per ``/run``: it is a server of the stack, started as NeMo Gym's servers are
+    (``stack.nemo_gym_server``); polygym ships none, so a folder that is not NeMo Gym's is refused.
     """
-    impls = value[ENVIRONMENT_SERVERS]
+    impls = value[ENVIRONMENT_KIND]
     impl = next(iter(impls), None) if isinstance(impls, dict) and len(impls) == 1 else None
     inner = impls.get(impl) if isinstance(impls, dict) and impl is not None else None
     target = inner.get("agent_server") if isinstance(inner, dict) else None
@@ -457,16 +461,40 @@ def _check_environment_server(stack: _Stack, name: str, value: dict[Any, Any], r
     is_agent = isinstance(block, dict) and AGENT_KIND in block
     if impl == LEGACY_RELAY and len(value) == 1 and is_agent:
         stack.relays[name] = str(agent)
-        return
-    why = (
-        f"its agent_server names '{agent}', which is not a responses_api_agents instance"
-        if impl == LEGACY_RELAY
-        else f"only its '{LEGACY_RELAY}' relay is supported (to an agent); this one is '{impl}'"
-    )
+        return None
+    if impl == LEGACY_RELAY or len(value) != 1:
+        why = (
+            f"its agent_server names '{agent}', which is not a responses_api_agents instance"
+            if impl == LEGACY_RELAY
+            else "a server instance holds exactly one server kind, found " + ", ".join(map(str, value))
+        )
+        stack.problems.append(f"{name}: '{ENVIRONMENT_KIND}': {why} (from {stack.origin(name)})")
+        return None
+    entry = _check_implementation(stack, name, ENVIRONMENT_KIND, impls)
+    if entry is None or entry.directory is None or _runs_nemo_gym(entry, raw):
+        return entry
     stack.problems.append(
-        f"{name}: '{ENVIRONMENT_SERVERS}' (NeMo Gym 0.7's environment-server kind): {why} "
-        f"(from {stack.origin(name)})"
+        f"{name}: '{ENVIRONMENT_KIND}/{entry.implementation}' ({entry.directory}) is not NeMo Gym's: "
+        f"polygym runs only NeMo Gym's environment servers (from {stack.origin(name)})"
     )
+    return None
+
+
+def _check_routes(stack: _Stack, raw: dict[str, Any], entries: list[_Entry]) -> None:
+    """``environment_server_routes`` must map tasksets to environment servers of the stack."""
+    routes = raw.get(ENVIRONMENT_ROUTES, {})
+    if routes is None:
+        return
+    servers = [entry.name for entry in entries if entry.kind == ENVIRONMENT_KIND]
+    if not isinstance(routes, dict):
+        origin = stack.origin(ENVIRONMENT_ROUTES)
+        stack.problems.append(f"{ENVIRONMENT_ROUTES}: must map tasksets to environment servers ({origin})")
+        return
+    for taskset, server in routes.items():
+        key = f"{ENVIRONMENT_ROUTES}.{taskset}"
+        if server not in servers:
+            message = describe_unknown("environment server", str(server), servers, stack.origin(key))
+            stack.problems.append(f"{key}: {message}")
 
 
 def _check_kind_typo(stack: _Stack, name: str, value: dict[Any, Any]) -> None:
@@ -652,6 +680,7 @@ def load_config(
     for entry in entries:
         inner = scanned[entry.name][entry.kind][entry.implementation]
         _check_references(stack, entry, inner, instances, entry.name in nemo_gym)
+    _check_routes(stack, raw, entries)
     if stack.problems:
         raise ConfigError(stack.problems)
     unused = _unused_globals(stack, raw, entries, {_display(Path(path)) for path in env}, bool(nemo_gym))
@@ -690,7 +719,7 @@ def _unused_globals(
     values are exempt: that file is a shared store of values for many configs.
     """
     servers = {entry.name for entry in entries} | set(stack.relays)
-    used = _referenced_keys(raw)
+    used = _referenced_keys(raw) | {ENVIRONMENT_ROUTES}
     if runs_nemo_gym:
         used |= set(NEMO_GYM_SETTINGS)
     return [

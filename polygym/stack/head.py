@@ -54,11 +54,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym import redact
-from polygym.kinds import AGENT_KIND
+from polygym.kinds import AGENT_KIND, ENVIRONMENT_KIND
 from polygym.net.replicas import slot_of
 from polygym.servers.base import HTTPError, JsonEndpoint, error_response, json_response
 from polygym.servers.inbound import InboundGuard
-from polygym.stack.config import ENVIRONMENT_SERVERS, LEGACY_RELAY
+from polygym.stack.config import LEGACY_RELAY
 
 REQUIRED_FIELDS = ("name", "kind", "implementation", "url")
 STACK_SECRET_HEADER = "x-polygym-stack-secret"
@@ -157,6 +157,27 @@ def relay_name(agent: str, implementation: str, taken: Container[str]) -> str:
     return name
 
 
+def fronted_agents(config: Mapping[str, Any]) -> set[str]:
+    """The agents an environment server of ``config`` references, by NeMo Gym 0.7's rule
+    (``environment_server_agent_refs``): any field ``{type: responses_api_agents, name}``, and an
+    ``agent_server`` that leaves its type out."""
+    names: set[str] = set()
+    for block in config.values():
+        impls = block.get(ENVIRONMENT_KIND) if isinstance(block, Mapping) else None
+        for inner in impls.values() if isinstance(impls, Mapping) else ():
+            for field, ref in inner.items() if isinstance(inner, Mapping) else ():
+                if _names_an_agent(field, ref):
+                    names.add(ref["name"])
+    return names
+
+
+def _names_an_agent(field: str, ref: Any) -> bool:
+    if not isinstance(ref, Mapping) or not isinstance(ref.get("name"), str):
+        return False
+    kind = ref.get("type")
+    return kind == AGENT_KIND or (field == "agent_server" and kind is None)
+
+
 def nemo_relays(
     config: dict[str, Any], entries: Mapping[str, dict[str, Any]], declared: Mapping[str, str]
 ) -> dict[str, dict[str, Any]]:
@@ -167,19 +188,21 @@ def nemo_relays(
     forwards both unchanged, and a polygym agent answers both itself, so the relay's address is the
     agent's: no process is added and a rollout takes no extra hop. Relays the config declared
     (``declared``: relay -> agent, see ``StackConfig.relays``) keep their names; every other agent
-    gets the name NeMo Gym would generate (``relay_name``).
+    gets the name NeMo Gym would generate (``relay_name``), but one that an environment server of
+    the config already fronts (``fronted_agents``), which NeMo Gym gives no relay either.
     """
     relays: dict[str, dict[str, Any]] = {}
     named = {agent: relay for relay, agent in declared.items()}
+    fronted = fronted_agents(config)
     for entry in entries.values():
-        if entry["kind"] != AGENT_KIND or slot_of(entry) != entry["name"]:
+        if entry["kind"] != AGENT_KIND or slot_of(entry) != entry["name"] or entry["name"] in fronted:
             continue
         agent = entry["name"]
         name = named.get(agent) or relay_name(agent, entry["implementation"], {*config, *relays})
         address = urlsplit(str(entry["url"]))
         relay = {"agent_server": {"type": AGENT_KIND, "name": agent}}
         relays[name] = {
-            ENVIRONMENT_SERVERS: {LEGACY_RELAY: {**relay, "host": address.hostname, "port": address.port}}
+            ENVIRONMENT_KIND: {LEGACY_RELAY: {**relay, "host": address.hostname, "port": address.port}}
         }
     return relays
 

@@ -67,3 +67,25 @@ def test_a_named_environment_whose_config_does_not_load_says_why(
     problem = validate_files([data], ["zz_bad_config"]).problems[0]
     assert problem.startswith("--env zz_bad_config: its config does not load:")
     assert "config_paths entry 'no/such/file.yaml' not found" in problem
+
+
+def test_materialized_task_rows_get_their_envelope_checked_and_a_note(tmp_path: Path) -> None:
+    """A taskset routes in the stack that runs it, so its rows are not tied to an environment here."""
+    good = {"task_id": {"taskset": "weather", "task_id": "t1"}, "task_input": {"task_data": {}}}
+    bad = {"task_id": {"taskset": "weather"}, "task_input": {}}
+    data = write(tmp_path / "tasks.jsonl", "".join(orjson.dumps(r).decode() + "\n" for r in (good, bad)))
+    report = validate_files([data], [ENVS[0]])
+    assert report.problems == [f"{data}:2: task_id.task_id: must be a non-empty string"]
+    assert report.rows == 2 and any(note.startswith("2 materialized task rows") for note in report.notes)
+
+
+def test_a_blend_refuses_materialized_task_rows_naming_the_line(tmp_path: Path) -> None:
+    """A blend sends every row of an environment to its agent; a task belongs to its taskset's server."""
+    task = {"task_id": {"taskset": "weather", "task_id": "t1"}, "task_input": {"task_data": {}}}
+    data = write(tmp_path / "tasks.jsonl", orjson.dumps(task).decode() + "\n")
+    spec = parse_spec(
+        {"environments": [{"name": ENVS[0], "train": str(data)}], "prompts_per_step": 1}, "inline", tmp_path
+    )
+    with pytest.raises(DatasetError) as info:
+        load_blend(spec)
+    assert info.value.problems[0].startswith(f"{data}:1: a materialized task row")

@@ -158,3 +158,59 @@ def test_an_agents_own_stop_reason_moves_to_metadata_and_the_models_stays() -> N
         model_stop["incomplete_details"] == {"reason": "max_output_tokens"} and "metadata" not in model_stop
     )
     Response.model_validate(model_stop)
+
+
+TYPED_SEED = {
+    "resources_session_id": "resources-session-1",
+    "episode_id": {"rollout_id": "0-0", "attempt": 0},
+    "task_id": {"taskset": "weather", "task_id": "t1"},
+    "task_data": {"city": "Paris"},
+}
+
+
+class Seeded(Scored):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[dict[str, Any]] = []
+
+    async def seed_session(self, body: Any, session: Any) -> dict[str, Any]:
+        self.seen.append(body.model_dump())
+        return {"observation": "ignored by a typed seed"}
+
+
+async def test_a_typed_seed_from_nemo_gyms_environment_server_gets_its_answer_and_a_cookie() -> None:
+    """NeMo Gym 0.7's ``single_agent_turn`` seeds with ``ResourcesSeedSessionRequest`` and reads
+    ``ResourcesSeedSessionResponse`` (no other key) plus a cookie; the environment sees the row
+    (``task_data``). A repeat gets the same session; another episode under that name, or a seed of
+    a closed name, is refused; the close (by name, even without the cookie) releases it."""
+    server = Seeded("env", {})
+    status, headers, body = await asgi_request(
+        server.app, "POST", "/seed_session", orjson.dumps(TYPED_SEED), JSON
+    )
+    assert status == 200 and orjson.loads(body) == {"resources_session_id": "resources-session-1"}
+    assert server.seen == [{"city": "Paris"}]
+    cookie = next(v for k, v in headers if k == b"set-cookie").split(b";")[0]
+    _, again, _ = await asgi_request(server.app, "POST", "/seed_session", orjson.dumps(TYPED_SEED), JSON)
+    assert next(v for k, v in again if k == b"set-cookie").split(b";")[0] == cookie
+    assert server.sessions.stats()["active"] == 1 and len(server.seen) == 1
+    other = {**TYPED_SEED, "episode_id": {"rollout_id": "0-1", "attempt": 0}}
+    status, _ = await post(server.app, "/seed_session", other)
+    assert status == 409
+    close = {"resources_session_id": "resources-session-1", "episode_id": TYPED_SEED["episode_id"]}
+    status, closed = await post(server.app, "/close_session", close)
+    assert status == 200 and closed == {"resources_session_id": "resources-session-1"}
+    assert server.sessions.stats()["active"] == 0
+    status, refused = await post(server.app, "/seed_session", TYPED_SEED)
+    assert status == 409 and "already closed" in orjson.dumps(refused).decode()
+    status, _ = await post(server.app, "/seed_session", {**TYPED_SEED, "task_data": []})
+    assert status == 422
+
+
+async def test_a_path_under_nemo_gyms_rollout_prefix_is_served_as_its_route() -> None:
+    """NeMo Gym's agents call ``/ng-rollout/<id>[/training-token-capture]/v1/responses``."""
+    server = Scored("env", {})
+    for prefix in ("/ng-rollout/0-0", "/ng-rollout/r.1-a2/training-token-capture"):
+        status, body = await post(server.app, f"{prefix}/aggregate_metrics", {"rollouts": ROLLOUTS})
+        assert status == 200 and body["agent_metrics"]["num_rollouts"] == 4
+    status, _, _ = await asgi_request(server.app, "POST", "/ng-rollout//aggregate_metrics", b"{}", JSON)
+    assert status == 404

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from polygym.cli.stack_deaths import server_needs
 from polygym.stack import catalog
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
 from polygym.stack.config import (
@@ -473,7 +474,56 @@ def test_legacy_agent_environment_server_is_a_relay_others_are_refused(project: 
     with pytest.raises(ConfigError) as excinfo:
         load(["b.yaml"], env=[write(project / "env.yaml", ENV)])
     (problem,) = problems_of(excinfo)
-    assert "weather_env_server: 'environment_servers'" in problem and "'single_agent_turn'" in problem
+    assert "weather_env_server.environment_servers: unknown environment_servers implementation" in problem
+    assert "'single_agent_turn'" in problem
+
+
+EPISODES = """weather_episodes:
+  environment_servers:
+    single_agent_turn:
+      entrypoint: app.py
+      resources_server: {type: resources_servers, name: weather}
+      agent_server: {type: responses_api_agents, name: weather_simple_agent}
+      cleanup_timeout_seconds: 30
+"""
+
+
+def test_a_nemo_gym_environment_server_is_a_server_and_routes_must_name_one(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NeMo Gym's ``single_agent_turn`` is a server of the stack (kind ``environment_servers``, run
+    as NeMo Gym's servers are); ``environment_server_routes`` is used, and must name such a server;
+    a folder of that kind that is not NeMo Gym's is refused, since polygym ships none."""
+    root = project / "nemo_gym_root"
+    write(
+        root / "environment_servers/single_agent_turn/app.py",
+        "from nemo_gym import base_environment_server\n",
+    )
+    monkeypatch.setenv(NEMO_GYM_ROOT_ENV_VAR, str(root))
+    routes = "environment_server_routes:\n  weather: weather_episodes\n"
+    write(project / "a.yaml", RESOURCES + MODEL + EPISODES + routes)
+    config = load(["a.yaml"], env=[write(project / "env.yaml", ENV)])
+    spec = config.servers["weather_episodes"]
+    assert (spec.kind, spec.implementation) == ("environment_servers", "single_agent_turn")
+    assert spec.directory == root / "environment_servers/single_agent_turn"
+    assert config.by_kind("environment_servers") == [spec] and config.warnings == []
+    assert config.globals["environment_server_routes"] == {"weather": "weather_episodes"}
+    # a run stops an environment server's episodes when a server they go through dies
+    needs = server_needs(config)["weather_episodes"]
+    assert needs == {"weather_episodes", "weather", "weather_simple_agent", "policy_model"}
+    write(
+        project / "b.yaml", RESOURCES + MODEL + EPISODES + "environment_server_routes: {weather: weather}\n"
+    )
+    with pytest.raises(ConfigError) as excinfo:
+        load(["b.yaml"], env=[write(project / "env.yaml", ENV)])
+    (problem,) = problems_of(excinfo)
+    assert problem.startswith("environment_server_routes.weather: unknown environment server 'weather'")
+    write(project / "environment_servers/mine/app.py", "")
+    write(project / "c.yaml", RESOURCES + MODEL + EPISODES.replace("single_agent_turn:", "mine:"))
+    with pytest.raises(ConfigError) as excinfo:
+        load(["c.yaml"], env=[write(project / "env.yaml", ENV)])
+    (problem,) = problems_of(excinfo)
+    assert "weather_episodes: 'environment_servers/mine'" in problem and "is not NeMo Gym's" in problem
 
 
 def test_unused_top_level_value_is_a_warning_naming_it(project: Path) -> None:

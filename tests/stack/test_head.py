@@ -182,3 +182,28 @@ def test_nemo_gyms_config_fronts_every_agent_with_a_relay_at_its_own_address() -
     }
     assert config["b_front"]["environment_servers"]["legacy_agent"]["port"] == 7002
     assert "b_environment_server" not in config and "policy_model_environment_server" not in config
+
+
+def test_an_agent_an_environment_server_fronts_gets_no_relay() -> None:
+    """NeMo Gym generates a relay only for an agent no environment server names (any
+    ``{type: responses_api_agents}`` field, or an untyped ``agent_server``), so its collector never
+    finds two servers for one agent."""
+    agents = {
+        name: {**entry(name, f"http://127.0.0.1:{port}"), "kind": "responses_api_agents"}
+        for name, port in (("a_simple_agent", 7001), ("b_simple_agent", 7002), ("c_simple_agent", 7003))
+    }
+    for agent in agents.values():
+        agent["implementation"] = "simple_agent"
+    episodes = {
+        "turns": {"environment_servers": {"single_agent_turn": {"agent_server": {"name": "a_simple_agent"}}}},
+        "users": {
+            "environment_servers": {
+                "nemo_user_sim": {"user": {"type": "responses_api_agents", "name": "b_simple_agent"}}
+            }
+        },
+    }
+    config = nemo_config(episodes, agents, "http://127.0.0.1:11000")
+    relays = {
+        name for name, block in config.items() if "legacy_agent" in block.get("environment_servers", {})
+    }
+    assert relays == {"c_environment_server"}
