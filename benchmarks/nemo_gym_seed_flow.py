@@ -30,26 +30,22 @@ Gym run (P N P N P ... for `--rounds`), and prints the medians side by side with
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from benchmarks import seed_flow
-from benchmarks.harness import MemorySampler, cpu_seconds, print_table, tree, write_json
+from benchmarks.harness import MemorySampler, cpu_seconds, print_table, write_json
 from benchmarks.throughput import ENVS
 from polygym.jsonl import count_rows, iter_jsonl, write_jsonl
 from polygym.net.child_port import port_for_a_child
+from tests.nemo_gym_stack import NemoGymStack, site_packages, stack_settings
 from tests.nemo_gym_tools import nemo_gym_env, tools_python
 
 SERVER_FOLDERS = (
@@ -60,9 +56,6 @@ SERVER_FOLDERS = (
 )
 """The server folders ng_run starts for the two configs: each environment, its agent, 0.7's relay
 in front of the agent, and the model server."""
-READY_TIMEOUT_S = 300.0
-"""ng_run starts Ray and seven servers; on a loaded two-core machine that takes a while."""
-STOP_TIMEOUT_S = 60.0
 RAY_BINARIES = ("gcs_server", "raylet")
 RAY_PACKAGE = "/site-packages/ray/"
 COMPARED = (
@@ -79,12 +72,6 @@ COMPARED = (
     "model_calls_per_rollout",
     "mean_reward",
 )
-
-
-def site_packages(python: Path) -> Path:
-    """Where NeMo Gym's wheel is installed in its environment (its configs, data and servers)."""
-    [found] = (python.parent.parent / "lib").glob("python3.*/site-packages")
-    return found
 
 
 def nemo_gym_rows(root: Path, path: Path) -> Path:
@@ -105,103 +92,11 @@ def config_files(root: Path) -> list[Path]:
     return [*configs, root / "responses_api_models" / "openai_model" / "configs" / "openai_model.yaml"]
 
 
-def stack_overrides(root: Path, model_url: str, head_port: int, venvs: Path) -> list[str]:
-    """ng_run's command line (Hydra overrides): the configs, the policy, the head, the venvs."""
-    settings = {
-        "policy_base_url": model_url,
-        "policy_api_key": "bench",
-        "policy_model_name": "scripted",
-        "head_server.host": "127.0.0.1",
-        "head_server.port": head_port,
-        "uv_venv_dir": venvs,
-        "skip_venv_if_present": "true",
-    }
-    return [
-        f"+config_paths=[{','.join(map(str, config_files(root)))}]",
-        *(f"++{key}={value}" for key, value in settings.items()),
-    ]
-
-
-def shared_venvs(env: Path, venvs: Path) -> Path:
-    """A ``uv_venv_dir`` whose every server venv is a link to NeMo Gym's one environment."""
-    for folder in SERVER_FOLDERS:
-        (venvs / folder).mkdir(parents=True)
-        (venvs / folder / ".venv").symlink_to(env)
-    return venvs
-
-
-class NemoGymStack:
-    """NeMo Gym's `ng_run`, in a session of its own so that everything it starts is stopped with it.
-
-    Ready when its head answers ``/readyz`` (ng_run marks it after every server and the model
-    endpoint answer); stopped as a user stops it (SIGINT: ng_run stops its servers and its Ray
-    cluster), then whatever is left of its session is killed."""
-
-    def __init__(self, python: Path, model_url: str, state: Path) -> None:
-        state.mkdir(parents=True, exist_ok=True)
-        self.head_port = port_for_a_child("127.0.0.1")
-        venvs = shared_venvs(python.parent.parent, state / "venvs")
-        args = stack_overrides(site_packages(python), model_url, self.head_port, venvs)
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the stack
-        self.began = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [str(python.parent / "ng_run"), *args],
-            cwd=state,
-            env=nemo_gym_env(),
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        self.ready_s = time.perf_counter() - self.began
-
-    @property
-    def pids(self) -> list[int]:
-        return [self.proc.pid]
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-4000:]
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"ng_run exited {self.proc.returncode}:\n{self.output()}")
-            with (
-                contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(f"http://127.0.0.1:{self.head_port}/readyz", timeout=5),
-            ):
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"ng_run not ready within {READY_TIMEOUT_S:.0f} s:\n{self.output()}")
-
-    def session(self) -> list[psutil.Process]:
-        """ng_run's tree and every other process of its session (one that left the tree too)."""
-        found = {p.pid: p for p in tree(self.pids)}
-        for proc in psutil.process_iter():
-            with contextlib.suppress(psutil.Error):
-                if os.getsid(proc.pid) == self.proc.pid:
-                    found.setdefault(proc.pid, proc)
-        return list(found.values())
-
-    def stop(self) -> None:
-        members = self.session()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(STOP_TIMEOUT_S)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        for proc in members:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        self.proc.wait(STOP_TIMEOUT_S)
-        self.log.close()
+def ng_run_command(python: Path, model_url: str, head_port: int, state: Path) -> list[str]:
+    """ng_run as a NeMo Gym user types it: the configs, the policy, the head, the shared venvs."""
+    settings = stack_settings(python, SERVER_FOLDERS, model_url, head_port, state)
+    configs = ",".join(map(str, config_files(site_packages(python))))
+    return [str(python.parent / "ng_run"), f"+config_paths=[{configs}]", *settings]
 
 
 def is_ray(proc: psutil.Process) -> bool:
@@ -239,7 +134,10 @@ def measure(python: Path, concurrency: int, latency_ms: float, repeats: int, sta
     upstream = seed_flow.scripted_endpoint(latency_ms, state)
     stack: NemoGymStack | None = None
     try:
-        stack = NemoGymStack(python, upstream.url_of("policy_model") + "/v1", state / "stack")
+        (state / "stack").mkdir()
+        head_port = port_for_a_child("127.0.0.1")
+        command = ng_run_command(python, upstream.url_of("policy_model") + "/v1", head_port, state / "stack")
+        stack = NemoGymStack(command, state / "stack", head_port)
         ray = ray_pids(stack)
         stack_cpu, ray_cpu = cpu_seconds(stack.pids), cpu_seconds(ray)
         endpoint_cpu = cpu_seconds(upstream.pids)

@@ -16,6 +16,8 @@ ENVIRONMENT_KIND = "environment_servers"
 drives an agent against a resources server). polygym ships none; it runs NeMo Gym's folders."""
 ENVIRONMENT_ROUTES = "environment_server_routes"
 """NeMo Gym 0.7's top-level config map: materialized taskset -> the environment server running its rows."""
+LEGACY_RELAY = "legacy_agent"
+"""NeMo Gym 0.7's environment server that relays each rollout to one agent unchanged."""
 FOLDER_KINDS: tuple[str, ...] = (*SERVER_KINDS, ENVIRONMENT_KIND)
 """Every kind that names a tree of server folders (``<root>/<kind>/<name>/``)."""
 

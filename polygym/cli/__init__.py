@@ -9,6 +9,8 @@ before doing anything.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from polygym import __version__
@@ -17,13 +19,30 @@ from polygym.cli.lazy import LazyCommands
 
 
 def _env() -> click.Command:
+    """The stack commands, and the authoring and cache ones loaded when asked for (``gym env
+    start`` need not import the environment checker, its HTTP client and the scaffold)."""
     from polygym.cli.env import env
-    from polygym.cli.env_prune import prune_command
-    from polygym.cli.env_tools import ENV_COMMANDS
 
-    for command in [*ENV_COMMANDS, prune_command]:
-        env.add_command(command)
+    commands = LazyCommands({"init": _env_tool("init"), "check": _env_tool("check"), "prune": _prune})
+    for name, command in env.commands.items():
+        commands[name] = command
+    env.commands = commands
     return env
+
+
+def _env_tool(name: str) -> Callable[[], click.Command]:
+    def load() -> click.Command:
+        from polygym.cli.env_tools import ENV_COMMANDS
+
+        return next(command for command in ENV_COMMANDS if command.name == name)
+
+    return load
+
+
+def _prune() -> click.Command:
+    from polygym.cli.env_prune import prune_command
+
+    return prune_command
 
 
 def _eval() -> click.Command:

@@ -45,6 +45,7 @@ from polygym.collect.dataset import Row, agent_of
 from polygym.collect.eval_run import RunSummary, write_aggregate_metrics
 from polygym.collect.eval_settings import ALLOW_STACK_CHANGE, DISABLE_AGGREGATION
 from polygym.collect.failure_budget import MAX_FAILURES, NO_FAILURES, FailureBudget
+from polygym.collect.head_config import head_config
 from polygym.collect.rollouts import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, Limits, Result, collect
 from polygym.collect.run_files import RolloutWriter, RunFileError, RunFiles, finished_keys, prepare
 from polygym.collect.run_lock import RunLock
@@ -355,9 +356,7 @@ async def resources_by_agent(client: ServerClient, agents: Iterable[str] = ()) -
     """
     if client.head_url is None:
         raise ReverifyError("the stack has no head server to read its config from")
-    reply = await client.request_url("GET", f"{client.head_url}/config", timeout_s=30.0)
-    data = reply.json()
-    config: dict[str, Any] = data if isinstance(data, dict) else {}
+    config = await head_config(client) or {}
     mapping: dict[str, str] = {}
     for name, value in config.items():
         implementations = value.get(AGENT_KIND) if isinstance(value, dict) else None

@@ -18,7 +18,7 @@ episode again"): that one stays in ``X_failures.jsonl`` and counts as finished, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,9 +73,12 @@ class RunFiles:
 
 
 def done_keys(path: Path) -> set[tuple[int, int]]:
-    return {
-        (r[TASK_INDEX], r[ROLLOUT_INDEX]) for r in iter_jsonl(path) if TASK_INDEX in r and ROLLOUT_INDEX in r
-    }
+    return _keys(iter_jsonl(path))
+
+
+def _keys(rows: Iterable[dict[str, Any]]) -> set[tuple[int, int]]:
+    """The (task, rollout) keys of ``rows``; a row without them has none."""
+    return {(r[TASK_INDEX], r[ROLLOUT_INDEX]) for r in rows if TASK_INDEX in r and ROLLOUT_INDEX in r}
 
 
 def terminal(failure: dict[str, Any]) -> bool:
@@ -85,12 +88,7 @@ def terminal(failure: dict[str, Any]) -> bool:
 
 def finished_keys(files: RunFiles) -> set[tuple[int, int]]:
     """The keys a resumed run does not run again: its rollouts and its terminal failures."""
-    failed = {
-        (f[TASK_INDEX], f[ROLLOUT_INDEX])
-        for f in iter_jsonl(files.failures)
-        if terminal(f) and TASK_INDEX in f and ROLLOUT_INDEX in f
-    }
-    return done_keys(files.output) | failed
+    return done_keys(files.output) | _keys(f for f in iter_jsonl(files.failures) if terminal(f))
 
 
 def prepare(

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from polygym.collect.head_config import head_config
 from polygym.collect.run_files import RunFileError, RunFiles, read_record, write_record
 from polygym.kinds import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.net.client import ServerClient
@@ -109,14 +110,11 @@ def identity_of(config: Mapping[str, Any]) -> dict[str, Any]:
 async def read_identity(client: ServerClient) -> dict[str, Any] | None:
     """The identity of the stack ``client`` reaches; None when there is no head server to ask or
     it serves no config."""
-    if client.head_url is None:
-        return None
-    reply = await client.request_url("GET", f"{client.head_url}/config", timeout_s=30.0)
     try:
-        config = reply.json() if reply.status == 200 else None
-    except ValueError:  # a head that serves no JSON config (not a polygym head): nothing to compare
-        config = None
-    return identity_of(config) if isinstance(config, dict) else None
+        config = await head_config(client)
+    except ValueError:  # a head whose config does not parse: nothing to compare
+        return None
+    return identity_of(config) if config is not None else None
 
 
 def differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:

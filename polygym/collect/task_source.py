@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from polygym.collect.head_config import head_config
 from polygym.kinds import AGENT_KIND, ENVIRONMENT_KIND, ENVIRONMENT_ROUTES, RESOURCES_KIND
 from polygym.net.client import ServerCallError, ServerClient
 
@@ -116,33 +117,13 @@ def task_routes(config: Mapping[str, Any]) -> TaskRoutes:
 
 
 async def head_task_routes(client: ServerClient) -> TaskRoutes:
-    """The routes of a joined stack, from its head's config (secrets masked there): polygym's
-    ``GET /config``, else NeMo Gym's ``GET /global_config_dict_yaml`` (YAML text as a JSON string),
-    so rows reach the servers of NeMo Gym's own stack by the same rules."""
-    if client.head_url is None:
-        return TaskRoutes(unreadable="the stack's config is not readable (no head server)")
+    """The routes of a joined stack, from its head's config (``collect.head_config``: polygym's or
+    NeMo Gym's head), so rows reach the servers of either project's stack by the same rules."""
     try:
-        config = await _head_config(client, client.head_url)
+        config = await head_config(client)
     except (ServerCallError, ValueError) as exc:
         return TaskRoutes(unreadable=f"the stack's config is not readable ({exc})")
-    if not isinstance(config, dict):
-        why = "the head server serves no config (GET /config, GET /global_config_dict_yaml)"
+    if config is None:
+        why = "the stack serves no config (no head server, or none at /config or /global_config_dict_yaml)"
         return TaskRoutes(unreadable=why)
     return task_routes(config)
-
-
-async def _head_config(client: ServerClient, head_url: str) -> Any:
-    """The head's config as data, or None; raises ``ValueError`` for a body that does not parse."""
-    reply = await client.request_url("GET", f"{head_url}/config", timeout_s=30.0)
-    if reply.status == 200:
-        return reply.json()
-    reply = await client.request_url("GET", f"{head_url}/global_config_dict_yaml", timeout_s=30.0)
-    text = reply.json() if reply.status == 200 else None
-    if not isinstance(text, str):
-        return None
-    import yaml  # only against NeMo Gym's head: polygym's own run never pays for the import
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"its /global_config_dict_yaml does not parse: {exc}") from None

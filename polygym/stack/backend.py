@@ -18,8 +18,8 @@ from polygym.net.client import ServerClient
 
 if TYPE_CHECKING:  # the head server's app (Starlette), the config loader (OmegaConf): not for a
     # collector that only joins a stack
-    from polygym.stack.config import ServerSpec
     from polygym.stack.head import Registry
+    from polygym.stack.server_spec import ServerSpec
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
@@ -157,7 +157,7 @@ def spec_to_dict(spec: ServerSpec) -> dict[str, Any]:
 
 
 def spec_from_dict(data: dict[str, Any]) -> ServerSpec:
-    from polygym.stack.config import ServerSpec
+    from polygym.stack.server_spec import ServerSpec
 
     return ServerSpec(
         name=data["name"],

@@ -29,18 +29,25 @@ from omegaconf.errors import (
 
 from polygym import redact
 from polygym.errors import ConfigError
-from polygym.kinds import AGENT_KIND, ENVIRONMENT_KIND, ENVIRONMENT_ROUTES, FOLDER_KINDS, SERVER_KINDS
+from polygym.kinds import (
+    AGENT_KIND,
+    ENVIRONMENT_KIND,
+    ENVIRONMENT_ROUTES,
+    FOLDER_KINDS,
+    LEGACY_RELAY,
+    SERVER_KINDS,
+)
 from polygym.stack import bounded_yaml, catalog
 from polygym.stack.catalog import describe_unknown
 from polygym.stack.directives import apply_directives
 from polygym.stack.env_build import PACKAGE_KEY, PYTHON_KEY
 from polygym.stack.external import EXTERNAL, NO_FOLDER
+from polygym.stack.server_spec import ServerSpec, config_references, join_key
 from polygym.suggest import closest
 
 MISSING = "???"
 COMMAND_LINE = "command line"
 CONFIG_PATHS = "config_paths"
-LEGACY_RELAY = "legacy_agent"
 NEMO_GYM_SETTINGS = (catalog.NEMO_GYM_ROOT_KEY, PYTHON_KEY, PACKAGE_KEY, catalog.NEMO_GYM_FORK_KEY)
 """polygym's top-level keys for running NeMo Gym's servers (``stack.nemo_gym_server``); not
 passed on to those servers, and "unused" only in a stack that runs none."""
@@ -52,22 +59,6 @@ _KEY_REFERENCE = re.compile(r"\$\{\s*([A-Za-z_][\w\-]*(?:\.[\w\-]+)*)\s*\}")
 _OVERRIDE_KEY = re.compile(r"[^\s.=]+(?:\.[^\s.=]+)*")
 
 
-@dataclass(frozen=True)
-class ServerSpec:
-    """One server instance, resolved and checked, ready for a launcher to start."""
-
-    name: str
-    kind: str
-    implementation: str
-    config: dict[str, Any]
-    source: str
-    directory: Path
-
-    def references(self) -> list[tuple[str, str, str]]:
-        """``(dotted key, kind, name)`` for each ``{type, name}`` reference, so launchers can order starts."""
-        return [(key, kind, name) for key, kind, name in _references(self.config, "") if kind in SERVER_KINDS]
-
-
 @dataclass
 class StackConfig:
     """The merged configuration: server instances in file order plus global values."""
@@ -76,9 +67,9 @@ class StackConfig:
     globals: dict[str, Any]
     sources: list[str]
     warnings: list[str] = field(default_factory=list)
+    """Top-level values no server uses (see ``_unused_globals``); the CLI prints them."""
     relays: dict[str, str] = field(default_factory=dict)
     """NeMo Gym ``legacy_agent`` environment servers -> the agent each relays to (not started)."""
-    """Top-level values no server uses (see ``_unused_globals``); the CLI prints them."""
 
     def by_kind(self, kind: str) -> list[ServerSpec]:
         """Servers of one kind, in file order."""
@@ -106,10 +97,6 @@ def _copy(data: Any) -> Any:
 # ------------------------------------------------------------------------------------------ plain data
 
 
-def _join(prefix: str, key: Any) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
-
-
 def _lookup(data: Any, dotted: str) -> Any:
     """The raw value at a dotted key (list items by index), or ``_ABSENT``."""
     node = data
@@ -132,7 +119,7 @@ def _walk(data: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Every ``(dotted key, value)`` pair, containers included, depth first."""
     items = data.items() if isinstance(data, Mapping) else enumerate(data) if isinstance(data, list) else ()
     for key, value in items:
-        path = _join(prefix, key)
+        path = join_key(prefix, key)
         yield path, value
         yield from _walk(value, path)
 
@@ -145,19 +132,6 @@ def _referenced_keys(data: Any) -> set[str]:
             for match in _KEY_REFERENCE.finditer(value):
                 keys.update({match.group(1), match.group(1).split(".")[0]})
     return keys
-
-
-def _references(data: Any, prefix: str) -> Iterator[tuple[str, Any, Any]]:
-    """``{type, name}`` mappings (exactly those two keys, so dataset entries are not mistaken for them)."""
-    if isinstance(data, Mapping):
-        if set(data) == {"type", "name"}:
-            yield prefix, data["type"], data["name"]
-            return
-        for key, value in data.items():
-            yield from _references(value, _join(prefix, key))
-    elif isinstance(data, list):
-        for index, item in enumerate(data):
-            yield from _references(item, _join(prefix, index))
 
 
 def _yaml_friendly(data: Any) -> Any:
@@ -284,7 +258,7 @@ class _Provenance:
             if key:
                 self._by_key[key] = source
             for child, child_value in value.items():
-                self.record(_join(key, child), child_value, source, before, keep_on_missing)
+                self.record(join_key(key, child), child_value, source, before, keep_on_missing)
             return
         prefix = f"{key}."
         for recorded in [k for k in self._by_key if k.startswith(prefix)]:
@@ -357,7 +331,7 @@ def _scan_values(stack: _Stack, node: DictConfig | ListConfig, prefix: str, raw:
     keys: list[Any] = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
     out: dict[Any, Any] = {}
     for key in keys:
-        path = _join(prefix, key)
+        path = join_key(prefix, key)
         if OmegaConf.is_missing(node, key):
             stack.problems.append(f"{path}: missing required value (from {stack.origin(path)})")
             out[key] = _UNRESOLVED
@@ -552,7 +526,7 @@ def _check_references(
     usage says to add with ``--resources-server math_with_judge``). That one is a warning: the stack
     starts as NeMo Gym's does, and the server's calls to it fail until the config is added."""
     prefix = f"{entry.name}.{entry.kind}.{entry.implementation}"
-    for key, kind, name in _references(inner, prefix):
+    for key, kind, name in config_references(inner, prefix):
         if kind is _UNRESOLVED or name is _UNRESOLVED:
             continue
         origin = stack.origin(f"{key}.name")

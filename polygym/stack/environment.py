@@ -30,9 +30,10 @@ from polygym.kinds import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.net.client import ServerClient
 from polygym.servers.resources import ResourcesServer
 from polygym.stack import catalog
-from polygym.stack.config import ConfigError, ServerSpec, StackConfig, load_config
+from polygym.stack.config import ConfigError, StackConfig, load_config
 from polygym.stack.loader import build_server, server_class
 from polygym.stack.nemo_gym_server import is_nemo_gym_server
+from polygym.stack.server_spec import ServerSpec
 
 STUB_MODEL = "scripted_model"
 """Stands in for model servers that agents reference but the environment's config leaves out."""

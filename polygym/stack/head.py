@@ -54,11 +54,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polygym import redact
-from polygym.kinds import AGENT_KIND, ENVIRONMENT_KIND
+from polygym.kinds import AGENT_KIND, ENVIRONMENT_KIND, LEGACY_RELAY
 from polygym.net.replicas import slot_of
 from polygym.servers.base import HTTPError, JsonEndpoint, error_response, json_response
 from polygym.servers.inbound import InboundGuard
-from polygym.stack.config import LEGACY_RELAY
 
 REQUIRED_FIELDS = ("name", "kind", "implementation", "url")
 STACK_SECRET_HEADER = "x-polygym-stack-secret"

@@ -59,12 +59,13 @@ from polygym.stack.backend import (
     stack_client,
     stop_processes,
 )
-from polygym.stack.config import ConfigError, ServerSpec, StackConfig
+from polygym.stack.config import ConfigError, StackConfig
 from polygym.stack.external import EXTERNAL, external_entries
 from polygym.stack.head import Registry, head_app
 from polygym.stack.loader import serve_in_process
 from polygym.stack.nemo_gym_server import NemoGymServers, is_nemo_gym_server
 from polygym.stack.placement import BACKENDS, copy_placement, placement_of
+from polygym.stack.server_spec import ServerSpec
 
 DEFAULT_HEAD_PORT = 11000
 SECRET_BYTES = 32

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from polygym.errors import ConfigError
 from polygym.kinds import AGENT_KIND, MODEL_KIND, RESOURCES_KIND
 from polygym.net.client import ServerClient
 from polygym.net.listen import AppServer, bind_socket
@@ -24,7 +25,7 @@ from polygym.servers.base import BaseServer
 from polygym.servers.extras import MissingExtraError
 from polygym.servers.model import ModelServer
 from polygym.servers.resources import ResourcesServer
-from polygym.stack.config import ConfigError, ServerSpec
+from polygym.stack.server_spec import ServerSpec
 
 BASES: dict[str, type[BaseServer]] = {
     RESOURCES_KIND: ResourcesServer,

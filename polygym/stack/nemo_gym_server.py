@@ -68,7 +68,7 @@ from polygym.stack.backend import (
     stop_processes,
 )
 from polygym.stack.config import NEMO_GYM_SETTINGS as STACK_KEYS
-from polygym.stack.config import ServerSpec, StackConfig
+from polygym.stack.config import StackConfig
 from polygym.stack.env_build import (
     PACKAGE_KEY,
     PYTHON_KEY,
@@ -80,6 +80,7 @@ from polygym.stack.env_build import (
 from polygym.stack.env_cache import Lease
 from polygym.stack.head import HEAD_SERVER_KEY, Registry
 from polygym.stack.nemo_gym_forks import ConfigRefused, ForkedServer, ForkServer
+from polygym.stack.server_spec import ServerSpec
 
 NEMO_GYM_KEY = catalog.NEMO_GYM_KEY
 CONFIG_DICT_ENV = "NEMO_GYM_CONFIG_DICT"

@@ -71,11 +71,12 @@ from polygym.stack.backend import (
     spec_to_dict,
     stack_client,
 )
-from polygym.stack.config import ConfigError, ServerSpec
+from polygym.stack.config import ConfigError
 from polygym.stack.head import Registry
 from polygym.stack.loader import serve_in_process
 from polygym.stack.placement import Placement, copy_placement, placement_of
 from polygym.stack.ray_spread import NodeTurns, placeable_nodes, schedulable
+from polygym.stack.server_spec import ServerSpec
 
 RESTART_POLL_S = 0.2
 CONNECT_TIMEOUT_S = 10.0

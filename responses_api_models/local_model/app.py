@@ -71,7 +71,13 @@ from polygym.models import (
     suffix_text,
 )
 from polygym.models import chat as chat_convert
-from responses_api_models.local_model.engine import Engine, EngineSettings, Generation, default_threads
+from responses_api_models.local_model.engine import (
+    Engine,
+    EngineSettings,
+    Generation,
+    default_batch_threads,
+    default_threads,
+)
 from responses_api_models.local_model.tool_calls import (
     ParsedCall,
     ParsedTurn,
@@ -102,7 +108,7 @@ class Config(ServerConfig):
     n_threads: int | None = Field(default=None, ge=1)
     """CPU threads for decoding; default: usable cores - 1, at least 1, at most 8."""
     n_threads_batch: int | None = Field(default=None, ge=1)
-    """CPU threads for prompt processing; default: n_threads."""
+    """CPU threads for prompt processing; default: n_threads when set, else usable cores (at most 8)."""
     n_batch: int = Field(default=512, ge=32)
     prompt_cache_mib: int = Field(default=256, ge=0)
     """Room for saved slot states (files in a private temporary directory, slots.py): a prompt prefix
@@ -293,6 +299,11 @@ class LocalModel(ModelServer[Config]):
 
     # ------------------------------------------------------------------------------ lifecycle
 
+    def _batch_threads(self) -> int:
+        """Prompt threads: as configured, else as many as the decoding threads a user set, else
+        every usable core (``engine.default_batch_threads``)."""
+        return self.config.n_threads_batch or self.config.n_threads or default_batch_threads()
+
     def _resolve_model_path(self) -> Path:
         if self.config.model_path:
             path = Path(self.config.model_path).expanduser()
@@ -314,7 +325,7 @@ class LocalModel(ModelServer[Config]):
                 n_ctx=self.config.n_ctx,
                 n_parallel=self.config.n_parallel,
                 n_threads=threads,
-                n_threads_batch=self.config.n_threads_batch or threads,
+                n_threads_batch=self._batch_threads(),
                 n_batch=self.config.n_batch,
                 prompt_cache_mib=self.config.prompt_cache_mib,
                 verbose=self.config.verbose,

@@ -242,6 +242,8 @@ class FakeClient:
 
 
 class Reply:
+    status = 200
+
     def __init__(self, body: Any, cookies: dict[str, str] | None = None) -> None:
         self.body, self.cookies = body, cookies or {}
 

@@ -14,25 +14,18 @@ nothing is installed. Everything listens on loopback.
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import subprocess
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 import pytest
 
 from polygym.jsonl import iter_jsonl
 from polygym.net.child_port import port_for_a_child
 from tests.conftest import ROOT, run_gym
-from tests.nemo_gym_tools import nemo_gym_command, nemo_gym_env, run_nemo_gym, tools_python
+from tests.nemo_gym_stack import NemoGymStack, site_packages, stack_settings
+from tests.nemo_gym_tools import nemo_gym_command, run_nemo_gym, tools_python
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nemo_gym]
 
@@ -46,19 +39,11 @@ NEMO_SERVER_FOLDERS = (
     "environment_servers/legacy_agent",
 )
 """The folders NeMo Gym's stack runs: the environment, its agent, the model and 0.7's relay."""
-NEMO_READY_TIMEOUT_S = 240.0
-"""NeMo Gym starts a Ray cluster and four processes; on a shared two-core machine that takes a while."""
 
 
 @pytest.fixture(scope="module")
 def ng_python() -> Path:
     return tools_python()
-
-
-def site_packages(python: Path) -> Path:
-    """Where NeMo Gym's wheel put its server folders in its environment."""
-    [found] = (python.parent.parent / "lib").glob("python3.*/site-packages")
-    return found
 
 
 def rewards_by_agent(path: Path) -> dict[str, list[float]]:
@@ -95,96 +80,16 @@ def test_nemo_gyms_collector_collects_from_a_polygym_stack(
     }
 
 
-class NemoGymStack:
-    """NeMo Gym's own ``gym env start`` in its environment, stopped with every process it started."""
-
-    def __init__(self, python: Path, cwd: Path, model_url: str) -> None:
-        venvs = cwd / "venvs"
-        for folder in NEMO_SERVER_FOLDERS:
-            (venvs / folder).mkdir(parents=True)
-            (venvs / folder / ".venv").symlink_to(python.parent.parent)
-        self.head_url = f"http://127.0.0.1:{port_for_a_child('127.0.0.1')}"
-        settings = {
-            "policy_base_url": f"{model_url}/v1",
-            "policy_api_key": "none",
-            "policy_model_name": "scripted",
-            "head_server.port": self.head_url.rsplit(":", 1)[1],
-            "uv_venv_dir": str(venvs),
-            "skip_venv_if_present": "true",
-        }
-        args = ["env", "start", "--resources-server", NEMO_ENV, "--model-type", "openai_model"]
-        self.log = (cwd / "nemo_gym_stack.log").open("w+b")
-        # NeMo Gym starts a Ray cluster and, given none, its servers join the machine's latest one
-        # (named in Ray's temporary folder): under xdist that is another test's, even a simulated
-        # node's. A folder of its own (short: Ray's socket paths are bounded) keeps it to its own.
-        self.ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-        self.proc = subprocess.Popen(
-            nemo_gym_command(python, *args, *(f"++{key}={value}" for key, value in settings.items())),
-            cwd=cwd,
-            env={**nemo_gym_env(), "RAY_TMPDIR": self.ray_dir},
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def output(self) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-4000:]
-
-    def wait_ready(self) -> None:
-        """Until its head lists all four servers and each accepts a connection (NeMo Gym's own test)."""
-        deadline = time.monotonic() + NEMO_READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"NeMo Gym's gym env start exited:\n{self.output()}"
-            urls = [i.get("url") for i in self._instances()]
-            if len(urls) == len(NEMO_SERVER_FOLDERS) and all(map(_accepts, urls)):
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"NeMo Gym's stack not ready within {NEMO_READY_TIMEOUT_S}s:\n{self.output()}")
-
-    def _instances(self) -> list[dict[str, Any]]:
-        url = f"{self.head_url}/server_instances"
-        with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=5) as reply:
-            found = orjson.loads(reply.read())
-            return found if isinstance(found, list) else []
-        return []
-
-    def stop(self) -> None:
-        """Terminate the launcher and every process below it (its servers, its Ray cluster)."""
-        with contextlib.suppress(psutil.Error):
-            family = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
-            for process in family:
-                with contextlib.suppress(psutil.Error):
-                    process.terminate()
-            _, alive = psutil.wait_procs(family, timeout=15)
-            for process in alive:
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
-        self.proc.wait(15)
-        self.log.close()
-        shutil.rmtree(self.ray_dir, ignore_errors=True)
-
-
-def _accepts(url: Any) -> bool:
-    """Whether ``url`` answers HTTP at all (any status: not every NeMo Gym server has ``GET /``)."""
-    if not isinstance(url, str):
-        return False
-    try:
-        urllib.request.urlopen(url, timeout=5).close()
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
 @pytest.fixture
 def nemo_gym_stack(start_stack: Any, tmp_path: Path, ng_python: Path) -> Iterator[NemoGymStack]:
     model = start_stack("--model-type", "scripted_model", "--head-port", "0")
-    stack = NemoGymStack(ng_python, tmp_path, model.server("policy_model")["url"])
+    head_port = port_for_a_child("127.0.0.1")
+    settings = stack_settings(
+        ng_python, NEMO_SERVER_FOLDERS, model.server("policy_model")["url"] + "/v1", head_port, tmp_path
+    )
+    args = ["env", "start", "--resources-server", NEMO_ENV, "--model-type", "openai_model", *settings]
+    stack = NemoGymStack(nemo_gym_command(ng_python, *args), tmp_path, head_port)
     try:
-        stack.wait_ready()
         yield stack
     finally:
         stack.stop()
