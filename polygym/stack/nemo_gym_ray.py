@@ -199,6 +199,9 @@ class RayCluster:
         self.folder = folder
         self.servers = servers
         self.address = ""
+        self.joining_env: dict[str, str] = {}
+        """What a server joining it needs in its environment: Ray's loopback switch, and the
+        ``RAY_*`` variables Ray's start set in the owner (its authentication mode)."""
 
     @classmethod
     async def start(
@@ -207,26 +210,27 @@ class RayCluster:
         """Start it for ``servers`` (their names, for the error) and wait for its address.
         ``keep_fd`` (the environment's lease) stays open in the owner while the cluster runs."""
         folder = Path(tempfile.mkdtemp(prefix=Path(FOLDER_PREFIX).name, dir=Path(FOLDER_PREFIX).parent))
-        with log.open("ab") as sink:
-            process = await asyncio.create_subprocess_exec(
-                str(venv_python(env)),
-                str(HEAD_SCRIPT),
-                str(folder),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=sink,
-                env={**child_env, **LOOPBACK_ENV},
-                start_new_session=True,
-                pass_fds=(keep_fd,),
-            )
+        try:
+            with log.open("ab") as sink:
+                process = await asyncio.create_subprocess_exec(
+                    str(venv_python(env)),
+                    str(HEAD_SCRIPT),
+                    str(folder),
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=sink,
+                    env={**child_env, **LOOPBACK_ENV},
+                    start_new_session=True,
+                    pass_fds=(keep_fd,),
+                )
+        except OSError as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise LaunchError(_not_started(servers, env, str(exc), log)) from None
         cluster = cls(process, env, folder, servers)
         reason = await cluster._read_address()
         if reason:
             await cluster.close()
-            raise LaunchError(
-                f"could not start the Ray cluster that NeMo Gym server(s) {', '.join(servers)} use "
-                f"({FLAG} true or undeclared) in {env}: {reason}\n{log_tail(log)}"
-            )
+            raise LaunchError(_not_started(servers, env, reason, log))
         return cluster
 
     async def _read_address(self) -> str:
@@ -244,26 +248,35 @@ class RayCluster:
             said = reply.get("error") if isinstance(reply, dict) else reply
             return str(said or "it exited without an address")
         self.address = reply["address"]
+        said = reply.get("env")
+        self.joining_env = {**LOOPBACK_ENV, **(said if isinstance(said, dict) else {})}
         return ""
 
     async def close(self) -> None:
-        """Close the owner's stdin (it shuts the cluster down), wait; then kill what is left of its
-        process group, and remove the cluster's folder."""
+        """Close the owner's stdin (it shuts the cluster down: ~2 s), wait; then kill what is left
+        of its process group (all of the cluster's processes are in it: Ray's agents outlive an
+        owner that was killed), and remove the cluster's folder."""
         with contextlib.suppress(OSError, RuntimeError):
             if self.process.stdin is not None:
                 self.process.stdin.close()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.process.wait(), STOP_TIMEOUT_S)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            await self.process.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        await self.process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def describe(self) -> str:
         """The line ``gym env start`` prints for it."""
         names = ", ".join(self.servers)
         return f"Ray cluster {self.address} started for NeMo Gym's {names} ({FLAG} true or undeclared)"
+
+
+def _not_started(servers: list[str], env: Path, reason: str, log: Path) -> str:
+    return (
+        f"could not start the Ray cluster that NeMo Gym server(s) {', '.join(servers)} use "
+        f"({FLAG} true or undeclared) in {env}: {reason}\n{log_tail(log)}"
+    )
 
 
 def grouped(users: Iterable[str], env_of: dict[str, Path]) -> dict[Path, list[str]]:

@@ -5,11 +5,15 @@ It starts a local cluster with the environment's own Ray (the version the server
 127.0.0.1 only, without a dashboard, in the folder it is given (``argv[1]``, a short private one:
 Ray's socket paths are bounded to ~107 characters, and nothing of it goes under ``/tmp/ray``,
 where a server that starts a cluster of its own would otherwise find it, or a stale one). It
-answers one JSON line on stdout, ``{"address": "127.0.0.1:PORT"}`` or ``{"error": "..."}``, then
+answers one JSON line on stdout, ``{"address": "127.0.0.1:PORT", "env": {...}}`` or ``{"error":
+"..."}``, then
 waits for stdin to close (the stack stopped, or its launcher was killed), shuts the cluster down
 and removes the folder. Ray starts the cluster's processes bound to this one (``PR_SET_PDEATHSIG``),
 so they do not outlive it even when it is killed. Ray keeps a loopback address loopback only with
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which the stack sets here and in every server that joins.
+``env`` is the ``RAY_*`` variables Ray's start set in this process (Ray 2.60 turns token
+authentication on for a new local cluster, ``RAY_AUTH_MODE=token``): ``ng_run``'s servers inherit
+them from the process that started their cluster, so the stack gives them to its servers too.
 It imports nothing from polygym, which is not installed in that environment.
 """
 
@@ -30,8 +34,10 @@ def _send(reply_fd: int, message: dict[str, Any]) -> None:
         os.write(reply_fd, json.dumps(message).encode() + b"\n")
 
 
-def _start_cluster(folder: str) -> str:
-    """A new local cluster (never one Ray finds recorded on the machine); its GCS address."""
+def _start_cluster(folder: str) -> dict[str, Any]:
+    """A new local cluster (never one Ray finds recorded on the machine): its GCS address, and
+    what its start set in this process's environment for the processes that join it."""
+    before = dict(os.environ)
     import ray  # the environment's Ray, imported only here: the servers import the same one
 
     ray.init(
@@ -41,7 +47,8 @@ def _start_cluster(folder: str) -> str:
         _node_ip_address=LOOPBACK,
         _temp_dir=folder,
     )
-    return str(ray.get_runtime_context().gcs_address)
+    changed = {k: v for k, v in os.environ.items() if k.startswith("RAY_") and before.get(k) != v}
+    return {"address": str(ray.get_runtime_context().gcs_address), "env": changed}
 
 
 def _stop_cluster() -> None:
@@ -61,11 +68,11 @@ def main() -> int:
     os.dup2(2, 1)  # what Ray prints goes to the log; stdout carries the one reply
     try:
         try:
-            address = _start_cluster(folder)
+            started = _start_cluster(folder)
         except Exception as exc:  # the stack names the servers that needed it, with this reason
             _send(reply_fd, {"error": f"{type(exc).__name__}: {exc}"})
             return 1
-        _send(reply_fd, {"address": address})
+        _send(reply_fd, started)
         with contextlib.suppress(KeyboardInterrupt):
             _wait_for_eof()
         _stop_cluster()

@@ -397,7 +397,10 @@ class NemoGymServers:
                 ForkServer.start(
                     lease.path,
                     log_dir / f"nemo_gym_forkserver.{lease.path.name}.log",
-                    {**_activated(lease.path, _checkout(spec)), **_ray_env(lease.path in ray_envs)},
+                    {
+                        **_activated(lease.path, _checkout(spec)),
+                        **(LOOPBACK_ENV if lease.path in ray_envs else {}),
+                    },
                     fork and counts[lease.path] > 1,
                     lease.fileno(),
                 )
@@ -440,7 +443,7 @@ class NemoGymServers:
         folder = str(spec.directory.resolve())
         child_env = {
             **_activated(fork.env, [folder, *_checkout(spec)]),
-            **_ray_env(fork.env in self.clusters),
+            **(self.clusters[fork.env].joining_env if fork.env in self.clusters else {}),
             CONFIG_DICT_ENV: config_yaml,
             CONFIG_PATH_ENV: spec.name,
         }
@@ -522,11 +525,6 @@ def _activated(env: Path, python_path: list[str]) -> dict[str, str]:
         "VIRTUAL_ENV": str(env),
         "PATH": os.pathsep.join([str(env / "bin"), os.environ.get("PATH", os.defpath)]),
     }
-
-
-def _ray_env(joins_a_cluster: bool) -> dict[str, str]:
-    """What a process that joins the stack's loopback Ray cluster needs in its environment."""
-    return dict(LOOPBACK_ENV) if joins_a_cluster else {}
 
 
 T = TypeVar("T")

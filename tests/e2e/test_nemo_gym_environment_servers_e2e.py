@@ -33,6 +33,7 @@ from polygym.stack.env_build import CACHE_ENV_VAR, PYTHON_ENV_VAR, ensure_env
 from polygym.stack.nemo_gym_server import env_inputs, is_nemo_gym_server
 from tests.conftest import gone, gym_command, listening_hosts, wait_until
 from tests.nemo_gym_wheel import NEMO_GYM_PYTHON, env_cache, nemo_gym_tree
+from tests.stack.test_nemo_gym_ray import loopback
 
 pytestmark = [pytest.mark.e2e, pytest.mark.nemo_gym, pytest.mark.ray]
 
@@ -151,7 +152,8 @@ def test_single_agent_turn_runs_materialized_tasks_routed_by_taskset(
     address, owner = ray_cluster(stack)  # one cluster, for the two servers that use Ray
     ray_pids = [owner.pid, *(proc.pid for proc in owner.children(recursive=True))]
     ray_folder = Path(owner.cmdline()[-1])
-    assert listening_hosts(owner.pid) == {"127.0.0.1"} and ray_folder.is_dir()
+    hosts = listening_hosts(owner.pid)
+    assert hosts and all(loopback(host) for host in hosts) and ray_folder.is_dir(), hosts
     for name in ("single_agent_turn", "polygym_episodes"):
         log = (Path(stack.record["log_dir"]) / f"{name}.log").read_text()
         assert f"Connecting to Ray cluster at specified address: {address}" in log
