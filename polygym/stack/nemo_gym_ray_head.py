@@ -2,18 +2,20 @@
 Gym servers there, as NeMo Gym's ``ng_run`` owns the cluster it starts for its servers.
 
 It starts a local cluster with the environment's own Ray (the version the servers import), on
-127.0.0.1 only, without a dashboard, in the folder it is given (``argv[1]``, a short private one:
-Ray's socket paths are bounded to ~107 characters, and nothing of it goes under ``/tmp/ray``,
-where a server that starts a cluster of its own would otherwise find it, or a stale one). It
-answers one JSON line on stdout, ``{"address": "127.0.0.1:PORT", "env": {...}}`` or ``{"error":
-"..."}``, then
-waits for stdin to close (the stack stopped, or its launcher was killed), shuts the cluster down
-and removes the folder. Ray starts the cluster's processes bound to this one (``PR_SET_PDEATHSIG``),
-so they do not outlive it even when it is killed. Ray keeps a loopback address loopback only with
-``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which the stack sets here and in every server that joins.
-``env`` is the ``RAY_*`` variables Ray's start set in this process (Ray 2.60 turns token
-authentication on for a new local cluster, ``RAY_AUTH_MODE=token``): ``ng_run``'s servers inherit
-them from the process that started their cluster, so the stack gives them to its servers too.
+127.0.0.1 only, without a dashboard (Ray 2.60 still starts its minimal dashboard process, with no
+web frontend), in the folder it is given (``argv[1]``, a short private one: Ray's socket paths
+are bounded to ~107 characters, and nothing of it goes under ``/tmp/ray``, where a server that
+starts a cluster of its own would otherwise find it, or a stale one). It answers one JSON line on
+stdout, ``{"address": "127.0.0.1:PORT", "env": {...}}`` or ``{"error": "..."}``, then waits for
+stdin to close (the stack stopped, or its launcher was killed), shuts the cluster down (~2 s: all
+of its processes end) and removes the folder. Killed itself, Ray's core processes end with it
+(``PR_SET_PDEATHSIG``) and the stack kills what is left of its process group.
+
+Ray keeps a loopback address loopback only with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which the
+stack sets here and in every server that joins. ``env`` is the ``RAY_*`` variables Ray's start set
+in this process (Ray 2.60 turns token authentication on for a new local cluster,
+``RAY_AUTH_MODE=token``): ``ng_run``'s servers inherit them from the process that started their
+cluster, so the stack gives them to its servers too.
 It imports nothing from polygym, which is not installed in that environment.
 """
 
