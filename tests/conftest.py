@@ -230,6 +230,16 @@ def gone(pid: int) -> bool:
         return True
 
 
+def listening_hosts(pid: int) -> set[str]:
+    """The addresses that process ``pid`` and every process under it listen on (TCP)."""
+    hosts: set[str] = set()
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            hosts |= {c.laddr.ip for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return hosts
+
+
 def row_keys(path: Path) -> list[tuple[int, int]]:
     """The (task, rollout) keys of a rollouts file, in file order."""
     return [(r["_ng_task_index"], r["_ng_rollout_index"]) for r in iter_jsonl(path)]

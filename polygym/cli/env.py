@@ -217,6 +217,8 @@ async def _serve_until_failure(stack: Stack) -> int:
         err.print("[red]error:[/]", escape(f"could not start the stack: {exc}"))
         return EXIT_FAILURE
     out.print(server_table(stack.servers(), f"polygym stack {stack.stack_id} ({stack.backend.name} backend)"))
+    for line in stack.nemo_gym.ray_lines():
+        out.print(escape(line))
     out.print(await _ready_line(stack))
     try:
         failure = await stack.wait_failure()

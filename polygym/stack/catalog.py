@@ -42,6 +42,8 @@ NEMO_GYM_ROOT_KEY = "nemo_gym_root"
 NEMO_GYM_FORK_KEY = "nemo_gym_fork"
 """Config key: ``false`` starts every NeMo Gym server as a fresh interpreter instead of forking it
 from one that imported nemo_gym's dependencies once (``stack.nemo_gym_forkserver``)."""
+RAY_HEAD_NODE_KEY = "ray_head_node_address"
+"""NeMo Gym's top-level key: the Ray cluster its servers that use Ray join (``stack.nemo_gym_ray``)."""
 NEMO_GYM_KEY = "nemo_gym"
 """A server block's ``nemo_gym: true``: its implementation comes from NeMo Gym's folders only."""
 SHADOWS = "shadows polygym's shipped"

@@ -695,7 +695,7 @@ def _unused_globals(
     servers = {entry.name for entry in entries} | set(stack.relays)
     used = _referenced_keys(raw) | {ENVIRONMENT_ROUTES}
     if runs_nemo_gym:
-        used |= set(NEMO_GYM_SETTINGS)
+        used |= {*NEMO_GYM_SETTINGS, catalog.RAY_HEAD_NODE_KEY}  # the last is read by NeMo Gym's servers
     return [
         str(name)
         for name in raw

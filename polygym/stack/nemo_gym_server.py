@@ -27,6 +27,9 @@ The process contract, read from NeMo Gym's ``ng_run`` (``nemo_gym/cli/env.py``,
   the range outgoing connections draw from, and the child counts as listening only once it holds
   that port itself (``net.child_port``). The launcher registers the child in the head registry
   by that URL once it does, so polygym's servers and collectors reach it by name like any other.
+* **Its Ray cluster**: a server that uses Ray joins the cluster at ``ray_head_node_address``, one
+  that ``ng_run`` starts for all its servers; the stack starts one per environment likewise
+  (``stack.nemo_gym_ray``).
 
 polygym's servers start first (their addresses go into the children's config), then every NeMo
 Gym server at once; a child that dies is reported by name with its log tail, as the subprocess
@@ -45,9 +48,10 @@ import sys
 import time
 import tomllib
 from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -80,9 +84,11 @@ from polygym.stack.env_build import (
 from polygym.stack.env_cache import Lease
 from polygym.stack.head import HEAD_SERVER_KEY, Registry
 from polygym.stack.nemo_gym_forks import ConfigRefused, ForkedServer, ForkServer
+from polygym.stack.nemo_gym_ray import LOOPBACK_ENV, RayCluster, ServerCode, grouped, ray_users
 from polygym.stack.server_spec import ServerSpec
 
 NEMO_GYM_KEY = catalog.NEMO_GYM_KEY
+RAY_HEAD_NODE_KEY = catalog.RAY_HEAD_NODE_KEY
 CONFIG_DICT_ENV = "NEMO_GYM_CONFIG_DICT"
 CONFIG_PATH_ENV = "NEMO_GYM_CONFIG_PATH"
 READY_TIMEOUT_S = 180.0
@@ -242,6 +248,11 @@ def _project_dependencies(spec: ServerSpec, project: Path) -> tuple[str, ...]:
     return tuple(kept)
 
 
+def server_code(spec: ServerSpec) -> ServerCode:
+    """Where the server's code is, for reading whether it uses Ray (``stack.nemo_gym_ray``)."""
+    return ServerCode(spec.directory / entrypoint_of(spec), (spec.directory, _root_of(spec)))
+
+
 def _root_of(spec: ServerSpec) -> Path:
     """The tree the server's folder is in (a nested ``<kind>/<folder>/<variant>`` one's too)."""
     return catalog.tree_root(spec.directory) or spec.directory.resolve().parent.parent
@@ -316,6 +327,8 @@ class NemoGymServers:
         self.leases: list[Lease] = []
         """The environments the servers run in, held until stop() (and by the fork servers and
         each server, which inherit its lease) so that no prune removes them."""
+        self.clusters: dict[Path, RayCluster] = {}
+        """The Ray cluster of each environment that has servers using Ray (``nemo_gym_ray``)."""
 
     async def start(self, config: StackConfig, registry: Registry, head_url: str, stack_id: str) -> None:
         """Build (or reuse) each environment, start every server, register each once it listens."""
@@ -337,8 +350,16 @@ class NemoGymServers:
         if failed is not None:
             raise failed
         envs = {name: held[each] for name, each in inputs.items()}
+        users = ray_users({spec.name: server_code(spec) for spec in self.specs}, config.globals)
+        ray_envs = grouped(users, {name: lease.path for name, lease in envs.items()})
         log_dir = stacks.logs_dir(stack_id)
-        await self._start_fork_servers(envs, log_dir, _fork_setting(config))
+        await _all_started(  # a Ray cluster starts while the fork servers import
+            [
+                self._start_fork_servers(envs, log_dir, _fork_setting(config), set(ray_envs)),
+                self._start_clusters(envs, ray_envs, log_dir),
+            ],
+            lambda _: None,
+        )
         addresses = {name: _address(entry["url"]) for name, entry in registry.entries.items()}
         for spec in self.specs:
             addresses[spec.name] = ("127.0.0.1", port_for_a_child("127.0.0.1"))
@@ -347,7 +368,9 @@ class NemoGymServers:
             raise LaunchError(f"no address for {', '.join(missing)} to give NeMo Gym's servers")
         whole = global_config(config, addresses, head_url)
         forks = list(self.forks.values())
-        texts = await asyncio.gather(*(_resolve(fork, whole) for fork in forks), return_exceptions=True)
+        texts = await asyncio.gather(
+            *(_resolve(fork, self._joining(whole, fork.env)) for fork in forks), return_exceptions=True
+        )
         refused = next((text for text in texts if isinstance(text, BaseException)), None)
         if refused is not None:
             raise refused
@@ -357,31 +380,62 @@ class NemoGymServers:
             await self._spawn(spec, self.forks[env], resolved[env], log_dir)
         await self._wait_listening(registry, addresses)
 
-    async def _start_fork_servers(self, envs: dict[str, Lease], log_dir: Path, fork: bool) -> None:
+    async def _start_fork_servers(
+        self, envs: dict[str, Lease], log_dir: Path, fork: bool, ray_envs: set[Path]
+    ) -> None:
         """One fork server per environment, started together. It holds the environment's lease, and
         so does every server it starts. It forks only where it starts more than one server: its
         preload costs about what one server's imports cost."""
         firsts = {lease: next(s for s in self.specs if envs[s.name] is lease) for lease in envs.values()}
         counts = Counter(lease.path for lease in envs.values())
-        started = await asyncio.gather(
-            *(
+
+        def keep(server: ForkServer) -> None:
+            self.forks[server.env] = server
+
+        await _all_started(
+            (
                 ForkServer.start(
                     lease.path,
                     log_dir / f"nemo_gym_forkserver.{lease.path.name}.log",
-                    _activated(lease.path, _checkout(spec)),
+                    {
+                        **_activated(lease.path, _checkout(spec)),
+                        **(LOOPBACK_ENV if lease.path in ray_envs else {}),
+                    },
                     fork and counts[lease.path] > 1,
                     lease.fileno(),
                 )
                 for lease, spec in firsts.items()
             ),
-            return_exceptions=True,
+            keep,
         )
-        for lease, each in zip(firsts, started, strict=True):
-            if isinstance(each, ForkServer):
-                self.forks[lease.path] = each
-        failed = [each for each in started if isinstance(each, BaseException)]
-        if failed:
-            raise failed[0]
+
+    async def _start_clusters(
+        self, envs: dict[str, Lease], users: dict[Path, list[str]], log_dir: Path
+    ) -> None:
+        """One Ray cluster per environment with servers that use Ray, started together."""
+        leases = {lease.path: lease for lease in envs.values()}
+
+        def keep(cluster: RayCluster) -> None:
+            self.clusters[cluster.env] = cluster
+
+        await _all_started(
+            (
+                RayCluster.start(
+                    env, names, _activated(env, []), log_dir / f"ray.{env.name}.log", leases[env].fileno()
+                )
+                for env, names in users.items()
+            ),
+            keep,
+        )
+
+    def _joining(self, config: dict[str, Any], env: Path) -> dict[str, Any]:
+        """``config`` for the servers of ``env``: with its Ray cluster's address where it has one."""
+        cluster = self.clusters.get(env)
+        return {**config, RAY_HEAD_NODE_KEY: cluster.address} if cluster is not None else config
+
+    def ray_lines(self) -> list[str]:
+        """What each Ray cluster started for the servers is, one line each."""
+        return [cluster.describe() for cluster in self.clusters.values()]
 
     async def _spawn(self, spec: ServerSpec, fork: ForkServer, config_yaml: str, log_dir: Path) -> None:
         log_path = log_dir / f"{spec.name}.log"
@@ -389,6 +443,7 @@ class NemoGymServers:
         folder = str(spec.directory.resolve())
         child_env = {
             **_activated(fork.env, [folder, *_checkout(spec)]),
+            **(self.clusters[fork.env].joining_env if fork.env in self.clusters else {}),
             CONFIG_DICT_ENV: config_yaml,
             CONFIG_PATH_ENV: spec.name,
         }
@@ -433,10 +488,14 @@ class NemoGymServers:
 
     async def stop(self) -> None:
         """SIGTERM each server's process group, SIGKILL what is left after the deadline; then the
-        fork servers (which would end any server still running); then let go of the environments."""
+        fork servers (which would end any server still running) and the Ray clusters; then let go
+        of the environments."""
         try:
             await stop_processes(list(self.procs.values()), _signal_group)
-            await asyncio.gather(*(fork.close() for fork in self.forks.values()))
+            await asyncio.gather(
+                *(fork.close() for fork in self.forks.values()),
+                *(cluster.close() for cluster in self.clusters.values()),
+            )
         finally:
             for lease in self.leases:
                 lease.close()
@@ -466,6 +525,21 @@ def _activated(env: Path, python_path: list[str]) -> dict[str, str]:
         "VIRTUAL_ENV": str(env),
         "PATH": os.pathsep.join([str(env / "bin"), os.environ.get("PATH", os.defpath)]),
     }
+
+
+T = TypeVar("T")
+
+
+async def _all_started(starting: Iterable[Awaitable[T]], keep: Callable[[T], None]) -> None:
+    """Start them together; ``keep`` each that started (so a stop ends it), then raise the first
+    failure: none is left starting behind the error."""
+    started = await asyncio.gather(*starting, return_exceptions=True)
+    for each in started:
+        if not isinstance(each, BaseException):
+            keep(each)
+    failed = [each for each in started if isinstance(each, BaseException)]
+    if failed:
+        raise failed[0]
 
 
 def _fork_setting(config: StackConfig) -> bool:

@@ -9,20 +9,20 @@ NeMo Gym's verifier (1.0 when the model called ``get_weather``) come back stampe
 collector stamps them, and an episode the server answers with a typed failure (the model fails,
 so the agent does) lands in the failures file with its stage, never as a reward.
 
-``single_agent_turn`` declares no ``ray_enabled``, so it starts a Ray cluster: a Ray folder of the
-test's own (``RAY_TMPDIR``) keeps it from joining another test's cluster.
+``single_agent_turn`` declares no ``ray_enabled``, so NeMo Gym's server joins a Ray cluster as it
+starts: the stack starts one for both of them, as NeMo Gym's ``ng_run`` does, and ends it with
+itself; neither server starts a cluster of its own.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import re
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from polygym.collect.run_files import RunFiles
@@ -31,10 +31,11 @@ from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR, selector_paths
 from polygym.stack.config import load_config
 from polygym.stack.env_build import CACHE_ENV_VAR, PYTHON_ENV_VAR, ensure_env
 from polygym.stack.nemo_gym_server import env_inputs, is_nemo_gym_server
-from tests.conftest import gym_command
+from tests.conftest import gone, gym_command, listening_hosts, wait_until
 from tests.nemo_gym_wheel import NEMO_GYM_PYTHON, env_cache, nemo_gym_tree
+from tests.stack.test_nemo_gym_ray import loopback
 
-pytestmark = [pytest.mark.e2e, pytest.mark.nemo_gym]
+pytestmark = [pytest.mark.e2e, pytest.mark.nemo_gym, pytest.mark.ray]
 
 BUILD_TIMEOUT_S = 1800
 """A machine without the cached nemo-gym environment builds it first (pip, ~300 packages)."""
@@ -103,24 +104,38 @@ def task(case: str, taskset: str = "weather") -> dict[str, Any]:
 
 
 @pytest.fixture
-def nemo_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def nemo_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The stack's config in ``tmp_path``, NeMo Gym 0.7.0's tree and cached environments named for
-    the ``gym`` children, its environment built now if the cache lacks it, and a Ray folder of its own."""
+    the ``gym`` children, its environment built now if the cache lacks it."""
     if not NEMO_GYM_PYTHON.is_file():
         pytest.fail(f"this test needs Python 3.13.0 at {NEMO_GYM_PYTHON} (pyenv install 3.13.0)")
     monkeypatch.setenv(NEMO_GYM_ROOT_ENV_VAR, str(nemo_gym_tree()))
     monkeypatch.setenv(CACHE_ENV_VAR, str(env_cache()))
     monkeypatch.setenv(PYTHON_ENV_VAR, str(NEMO_GYM_PYTHON))
-    ray_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths are bounded
-    monkeypatch.setenv("RAY_TMPDIR", ray_dir)
     config = tmp_path / "stack.yaml"
     config.write_text(STACK)
     loaded = load_config(selector_paths([], ["scripted_model"], [str(config)]))
     for spec in loaded.servers.values():
         if is_nemo_gym_server(spec):
             ensure_env(env_inputs(spec, loaded))
-    yield config
-    shutil.rmtree(ray_dir, ignore_errors=True)
+    return config
+
+
+def ray_cluster(stack: Any) -> tuple[str, psutil.Process]:
+    """The address ``gym env start`` says its Ray cluster has, and the process that owns it."""
+    said = re.compile(
+        r"Ray cluster (127\.0\.0\.1:\d+) started for NeMo Gym's single_agent_turn, polygym_episodes "
+    )
+    assert wait_until(lambda: said.search(stack.output()), 30), stack.output()
+    match = said.search(stack.output())
+    assert match is not None
+    owners = [
+        proc
+        for proc in psutil.Process(stack.proc.pid).children(recursive=True)
+        if "nemo_gym_ray_head.py" in " ".join(proc.cmdline())
+    ]
+    assert len(owners) == 1, owners
+    return match[1], owners[0]
 
 
 def eval_run(cwd: Path, head_url: str, rows: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -134,6 +149,15 @@ def test_single_agent_turn_runs_materialized_tasks_routed_by_taskset(
     """Taskset ``weather`` runs on NeMo Gym's environment, ``polygym_weather`` on polygym's
     ``example_single_tool_call`` (NeMo Gym's typed seed and close, its agent's tool calls)."""
     stack = start_stack("--model-type", "scripted_model", "--config", str(nemo_env), cwd=tmp_path)
+    address, owner = ray_cluster(stack)  # one cluster, for the two servers that use Ray
+    ray_pids = [owner.pid, *(proc.pid for proc in owner.children(recursive=True))]
+    ray_folder = Path(owner.cmdline()[-1])
+    hosts = listening_hosts(owner.pid)
+    assert hosts and all(loopback(host) for host in hosts) and ray_folder.is_dir(), hosts
+    for name in ("single_agent_turn", "polygym_episodes"):
+        log = (Path(stack.record["log_dir"]) / f"{name}.log").read_text()
+        assert f"Connecting to Ray cluster at specified address: {address}" in log
+        assert "starting a new Ray cluster" not in log
     server = stack.server("single_agent_turn")
     assert (server["kind"], server["implementation"], server.get("nemo_gym")) == (
         "environment_servers",
@@ -184,3 +208,7 @@ def test_single_agent_turn_runs_materialized_tasks_routed_by_taskset(
         "polygym_episodes": 0.5,
     }
     assert entries["single_agent_turn"]["agent_metrics"]["num_failures"] == 1
+
+    stack.stop()  # the cluster stops with the stack, its folder removed
+    assert wait_until(lambda: all(gone(pid) for pid in ray_pids), 30), [p for p in ray_pids if not gone(p)]
+    assert not ray_folder.exists()

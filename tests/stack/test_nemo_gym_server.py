@@ -16,6 +16,7 @@ from polygym.stack.backend import LaunchError
 from polygym.stack.catalog import NEMO_GYM_ROOT_ENV_VAR
 from polygym.stack.config import ServerSpec, StackConfig, load_config
 from polygym.stack.head import Registry
+from polygym.stack.nemo_gym_ray import ray_users
 from polygym.stack.nemo_gym_server import (
     global_config,
     is_nemo_gym_server,
@@ -182,6 +183,24 @@ def test_a_config_finds_nemo_gym_servers_under_the_root_it_names(tmp_path: Path,
     loaded = load_config([stack], env_files=[])
     assert loaded.servers["tiny"].directory == root / "resources_servers" / "tiny"
     assert loaded.warnings == []  # nemo_gym_root is used by this stack
+
+
+def test_a_ray_head_node_address_the_user_sets_reaches_the_servers_and_no_cluster_is_started(
+    tmp_path: Path, named_root: Path
+) -> None:
+    """NeMo Gym's key, used by this stack's NeMo Gym server (which declares no ``ray_enabled``)."""
+    stack = tmp_path / "stack.yaml"
+    server = "tiny:\n  resources_servers:\n    tiny:\n      entrypoint: app.py\n"
+    stack.write_text(f"nemo_gym_root: {named_root}\n{server}")
+    loaded = load_config([stack], env_files=[])
+    codes = {"tiny": nemo_gym_server.server_code(loaded.servers["tiny"])}
+    assert ray_users(codes, loaded.globals) == ["tiny"]
+    stack.write_text(f"nemo_gym_root: {named_root}\nray_head_node_address: 10.0.0.1:6379\n{server}")
+    loaded = load_config([stack], env_files=[])
+    assert loaded.warnings == []
+    assert ray_users(codes, loaded.globals) == []
+    child = global_config(loaded, {"tiny": ("127.0.0.1", 4321)}, "http://127.0.0.1:11000")
+    assert child["ray_head_node_address"] == "10.0.0.1:6379"
 
 
 def test_nemo_gym_true_without_a_root_says_where_it_looked(

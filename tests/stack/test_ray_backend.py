@@ -20,7 +20,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-import psutil
 import pytest
 
 from polygym.collect.rollouts import Limits, Result, collect
@@ -29,7 +28,7 @@ from polygym.row import make_job
 from polygym.stack.backend import LaunchError
 from polygym.stack.config import ConfigError, ServerSpec
 from polygym.stack.launcher import Stack
-from tests.conftest import gone, gym_command, wait_until
+from tests.conftest import gone, gym_command, listening_hosts, wait_until
 from tests.e2e.test_stack_e2e import ENVS, SELECTORS, example_rows, two_env_config
 from tests.stack.test_workers import kill_mid_run_then_resume
 
@@ -486,16 +485,6 @@ def test_placement_options_are_refused_when_joining(tmp_path: Any) -> None:
     )
     assert run.returncode == 2
     assert "--replicas only applies to a stack this command starts" in run.stderr
-
-
-def listening_hosts(pid: int) -> set[str]:
-    """The addresses that process ``pid`` and every process under it listen on (TCP)."""
-    hosts: set[str] = set()
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            hosts |= {c.laddr.ip for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-    return hosts
 
 
 def test_a_local_cluster_and_its_replicas_stay_on_loopback(
