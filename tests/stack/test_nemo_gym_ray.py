@@ -210,6 +210,7 @@ def test_a_cluster_that_cannot_start_is_a_loud_error_naming_its_servers(tmp_path
 
 
 @pytest.mark.ray
+@pytest.mark.e2e  # a real Ray cluster: seconds, kept out of the quick tier
 def test_the_cluster_listens_on_loopback_in_its_own_folder_and_dies_with_its_owner(tmp_path: Path) -> None:
     """Started with this interpreter's Ray: an address on 127.0.0.1, nothing listening elsewhere,
     its folder under /tmp. Its owner killed, closing it ends what is left of Ray's processes (its
