@@ -57,13 +57,19 @@ class TaskRoutes:
         return self.unreadable or self.refused.get(task_source, "not a server instance of the running config")
 
 
-def _inner(block: Any, kind: str) -> dict[str, Any] | None:
-    """The one implementation's settings of a ``{kind: {implementation: {...}}}`` block."""
+def _implementation(block: Any, kind: str) -> tuple[str, dict[str, Any]] | None:
+    """The one implementation of a ``{kind: {implementation: {...}}}`` block, and its settings."""
     impls = block.get(kind) if isinstance(block, Mapping) else None
     if not isinstance(impls, Mapping) or len(impls) != 1:
         return None
-    inner = next(iter(impls.values()))
-    return dict(inner) if isinstance(inner, Mapping) else {}
+    name, inner = next(iter(impls.items()))
+    return str(name), dict(inner) if isinstance(inner, Mapping) else {}
+
+
+def _inner(block: Any, kind: str) -> dict[str, Any] | None:
+    """The one implementation's settings of a ``{kind: {implementation: {...}}}`` block."""
+    found = _implementation(block, kind)
+    return found[1] if found is not None else None
 
 
 def _pins(inner: Mapping[str, Any]) -> list[str]:
@@ -86,9 +92,8 @@ def task_routes(config: Mapping[str, Any]) -> TaskRoutes:
             referencing.setdefault(ref["name"], []).append(str(name))
     routes = TaskRoutes()
     for name, block in config.items():
-        impls = block.get(ENVIRONMENT_KIND) if isinstance(block, Mapping) else None
-        if isinstance(impls, Mapping) and len(impls) == 1:
-            routes.result_types[str(name)] = str(next(iter(impls)))
+        if (server := _implementation(block, ENVIRONMENT_KIND)) is not None:
+            routes.result_types[str(name)] = server[0]
     declared = config.get(ENVIRONMENT_ROUTES)
     if isinstance(declared, Mapping):
         routes.tasksets = {str(k): str(v) for k, v in declared.items() if str(v) in routes.result_types}

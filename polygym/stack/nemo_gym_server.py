@@ -88,7 +88,6 @@ from polygym.stack.nemo_gym_ray import LOOPBACK_ENV, RayCluster, ServerCode, gro
 from polygym.stack.server_spec import ServerSpec
 
 NEMO_GYM_KEY = catalog.NEMO_GYM_KEY
-RAY_HEAD_NODE_KEY = catalog.RAY_HEAD_NODE_KEY
 CONFIG_DICT_ENV = "NEMO_GYM_CONFIG_DICT"
 CONFIG_PATH_ENV = "NEMO_GYM_CONFIG_PATH"
 READY_TIMEOUT_S = 180.0
@@ -431,7 +430,7 @@ class NemoGymServers:
     def _joining(self, config: dict[str, Any], env: Path) -> dict[str, Any]:
         """``config`` for the servers of ``env``: with its Ray cluster's address where it has one."""
         cluster = self.clusters.get(env)
-        return {**config, RAY_HEAD_NODE_KEY: cluster.address} if cluster is not None else config
+        return {**config, catalog.RAY_HEAD_NODE_KEY: cluster.address} if cluster is not None else config
 
     def ray_lines(self) -> list[str]:
         """What each Ray cluster started for the servers is, one line each."""
